@@ -1,0 +1,35 @@
+"""eray-provider: Ray clusters and multi-host JAX on SLURM allocations.
+
+Light imports only: ``SlurmNodeProvider`` (which needs Ray) is loaded on first access,
+so the CLI and the hostlist functions start fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .allocation import Allocation, AllocationError, NodeShare
+from .hostlist import HostlistError, compress, expand, expand_counts
+from .ports import PortPlan
+
+__all__ = [
+    "Allocation",
+    "AllocationError",
+    "HostlistError",
+    "NodeShare",
+    "PortPlan",
+    "SlurmNodeProvider",
+    "compress",
+    "expand",
+    "expand_counts",
+]
+
+_LAZY = {"SlurmNodeProvider": "eray_provider.provider"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'eray_provider' has no attribute {name!r}")

@@ -1,0 +1,107 @@
+"""The ``eray-provider`` command: hostlists, allocation inspection, and node helpers.
+
+Exit codes: 0 success, 2 bad input or not inside an allocation (with the reason on
+stderr), 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from . import hostlist
+from .allocation import Allocation, AllocationError
+from .ports import PortPlan, PortPlanError, choose_plan
+
+
+def _cmd_hostnames(args: argparse.Namespace) -> int:
+    print("\n".join(hostlist.expand(args.expr)))
+    return 0
+
+
+def _cmd_hostlist(args: argparse.Namespace) -> int:
+    names = [n for arg in args.names for n in arg.split(",") if n]
+    print(hostlist.compress(names, sort=args.sorted))
+    return 0
+
+
+def _format_table(alloc: Allocation, plan: PortPlan) -> str:
+    rows = [("NODE", "ROLE", "CPUS", "GPUS", "GPU_TYPE", "MEMORY_MB")]
+    for i, n in enumerate(alloc.nodes):
+        rows.append(
+            (
+                n.name,
+                "head" if i == 0 else "worker",
+                str(n.cpus),
+                str(n.gpus),
+                n.gpu_type or "-",
+                "-" if n.memory_mb is None else str(n.memory_mb),
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = [
+        f"job {alloc.job_id}  cluster {alloc.cluster or '-'}  partition {alloc.partition or '-'}"
+        f"  (from {alloc.source})",
+        *("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows),
+        "",
+        "ports:",
+    ]
+    for key, value in plan.to_dict().items():
+        if key not in ("job_id", "block_start"):
+            lines.append(f"  {key:24} {value}")
+    return "\n".join(lines)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .slurm_cli import host_exclusions, load_allocation
+
+    alloc = load_allocation(args.job_id, use_scontrol=not args.no_scontrol)
+    plan = choose_plan(alloc.job_id, host_exclusions())
+    if args.json:
+        doc = alloc.to_dict()
+        doc["ports"] = plan.to_dict()
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(_format_table(alloc, plan))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eray-provider",
+        description="Ray and multi-host JAX on SLURM allocations.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("hostnames", help="expand a hostlist (as scontrol show hostnames)")
+    s.add_argument("expr")
+    s.set_defaults(func=_cmd_hostnames)
+
+    s = sub.add_parser("hostlist", help="compress host names (as scontrol show hostlist)")
+    s.add_argument("names", nargs="+", help="names, comma- or space-separated")
+    s.add_argument("--sorted", action="store_true", help="as scontrol show hostlistsorted")
+    s.set_defaults(func=_cmd_hostlist)
+
+    s = sub.add_parser("inspect", help="show the job's nodes, resources and port plan")
+    s.add_argument("--job-id", help="a job id (default: the allocation this runs in)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument(
+        "--no-scontrol", action="store_true", help="read the environment only, never scontrol"
+    )
+    s.set_defaults(func=_cmd_inspect)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (hostlist.HostlistError, AllocationError, PortPlanError, ValueError) as e:
+        print(f"eray-provider: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Parse what ``scontrol`` prints: jobs (``show job -d``), config, step lists.
+
+Pure text-in, values-out; running the commands lives in ``slurm_cli``. The job parser
+is the only per-node source of CPUs, memory and GPU indices for nodes other than the
+one we run on, so it reads the ``-d`` detail lines (``Nodes=... CPU_IDs=... Mem=...
+GRES=...``) rather than the job-wide totals.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
+from .hostlist import HostlistError, expand
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=(\S*)")
+_GRES_ITEM = re.compile(r"([^,(]+)(?:\(([^)]*)\))?")
+
+
+def _records(text: str) -> list[str]:
+    """Split multi-record output (heterogeneous jobs print one record per component)."""
+    return [r for r in re.split(r"\n\s*\n", text.strip()) if r.strip()]
+
+
+def _int_list(expr: str) -> list[int]:
+    """``0-1,4,6-7`` -> [0, 1, 4, 6, 7] (CPU_IDs, GPU IDX)."""
+    out: list[int] = []
+    for part in expr.split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise AllocationError(f"cannot read id list {expr!r}")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _gres_gpus(value: str) -> tuple[str | None, int, tuple[int, ...] | None]:
+    """``gpu:a100:2(IDX:0-1)`` (possibly among other GRES) -> (type, count, ids)."""
+    gpu_type: str | None = None
+    count = 0
+    ids: list[int] | None = None
+    for m in _GRES_ITEM.finditer(value):
+        name, detail = m.group(1).strip(","), m.group(2)
+        if not (name == "gpu" or name.startswith("gpu:")):
+            continue
+        if name == "gpu":
+            name = "gpu:0"
+        t, c = parse_gpu_spec(name, "GRES")
+        gpu_type = gpu_type or t
+        if detail and detail.startswith("IDX:"):
+            idx = [] if detail[4:] in ("", "N/A") else _int_list(detail[4:])
+            ids = (ids or []) + idx
+            c = len(idx)
+        count += c
+    return gpu_type, count, tuple(ids) if ids is not None else None
+
+
+def _memory_mb(value: str) -> int | None:
+    """``500``, ``500M``, ``4G`` -> MiB; ``0`` (memory not tracked) -> None."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value)
+    if not m:
+        raise AllocationError(f"cannot read memory {value!r} from scontrol")
+    mb = float(m.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[m.group(2)]
+    return int(mb) or None
+
+
+def parse_fields(record: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one record; the first occurrence of a key wins."""
+    fields: dict[str, str] = {}
+    for key, value in _FIELD.findall(record):
+        fields.setdefault(key, value)
+    return fields
+
+
+def parse_job(text: str) -> Allocation:
+    """An ``Allocation`` from ``scontrol show job -d <id>`` output (one or more records)."""
+    records = _records(text)
+    if not records:
+        raise AllocationError("scontrol printed no job record")
+    parsed = [(parse_fields(r), r) for r in records]
+    # heterogeneous components in offset order
+    parsed.sort(key=lambda fr: int(fr[0].get("HetJobOffset", "0") or 0))
+    first = parsed[0][0]
+    job_id = first.get("HetJobId") or first.get("JobId")
+    if not job_id:
+        raise AllocationError(f"scontrol output has no JobId: {records[0][:200]!r}")
+
+    nodes: dict[str, NodeShare] = {}
+    for fields, record in parsed:
+        state = fields.get("JobState", "")
+        for line in record.splitlines():
+            line_fields = parse_fields(line)
+            if "CPU_IDs" not in line_fields or "Nodes" not in line_fields:
+                continue
+            try:
+                names = expand(line_fields["Nodes"])
+            except HostlistError as e:
+                raise AllocationError(f"scontrol Nodes={line_fields['Nodes']!r}: {e}") from e
+            cpus = len(_int_list(line_fields["CPU_IDs"]))
+            memory = _memory_mb(line_fields.get("Mem", "0"))
+            gpu_type, gpus, ids = _gres_gpus(line_fields.get("GRES", ""))
+            for name in names:
+                share = NodeShare(name, cpus, gpus, gpu_type if gpus else None, memory, ids)
+                prev = nodes.get(name)
+                if prev is not None:  # the same node in two components
+                    share = NodeShare(
+                        name,
+                        prev.cpus + cpus,
+                        prev.gpus + gpus,
+                        prev.gpu_type or share.gpu_type,
+                        None
+                        if prev.memory_mb is None or memory is None
+                        else prev.memory_mb + memory,
+                        None,
+                    )
+                nodes[name] = share
+        if not nodes and state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+            # a pending or ended job holds no nodes: say so rather than fail obscurely
+            raise AllocationError(
+                f"job {job_id} is {state or 'in an unknown state'}: it holds no nodes"
+            )
+
+    # order of the job's NodeList, which is node-list order
+    order = (
+        expand(first.get("NodeList", "")) if first.get("NodeList") not in (None, "(null)") else []
+    )
+    for fields, _ in parsed[1:]:
+        order += [n for n in expand(fields.get("NodeList", "")) if n not in order]
+    if not nodes:
+        raise AllocationError(f"scontrol shows no node detail lines for job {job_id} (use -d)")
+    missing = [n for n in order if n not in nodes]
+    if missing:
+        raise AllocationError(f"job {job_id}: no detail line for nodes {missing}")
+    ordered = [nodes[n] for n in order] + [v for k, v in nodes.items() if k not in order]
+    return Allocation(
+        job_id=job_id,
+        nodes=tuple(ordered),
+        partition=first.get("Partition"),
+        source="scontrol",
+        state=first.get("JobState"),
+    )
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config``: ``Key = Value`` lines."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_port_range(value: str | None) -> tuple[int, int] | None:
+    """``60001-63000`` -> (60001, 63000); ``(null)``/missing -> None."""
+    if not value or value in ("(null)", "N/A"):
+        return None
+    m = re.fullmatch(r"(\d+)-(\d+)", value.strip())
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2))

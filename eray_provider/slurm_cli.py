@@ -1,0 +1,130 @@
+"""Calls to SLURM's commands (scontrol, squeue, scancel), each with a timeout.
+
+This is the only module that runs SLURM's client commands for reading facts; parsing
+lives in ``scontrol`` and ``slurm_env``. Every call has a timeout, so a hung slurmctld
+gives an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from .allocation import Allocation, AllocationError
+from .scontrol import parse_config, parse_job, parse_port_range
+from .slurm_env import allocation_from_env, job_id_from_env
+
+#: Seconds to wait for a SLURM client command; slurmctld answers in milliseconds when healthy.
+DEFAULT_TIMEOUT = 30.0
+
+
+class SlurmCommandError(RuntimeError):
+    """A SLURM command failed, timed out or is not installed."""
+
+
+def run_slurm(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Run a SLURM client command and return its stdout; raise with its stderr on failure."""
+    if shutil.which(args[0]) is None:
+        raise SlurmCommandError(f"{args[0]} is not installed or not on PATH")
+    try:
+        proc = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SlurmCommandError(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()
+        raise SlurmCommandError(f"{' '.join(args)} failed (exit {proc.returncode}): {detail}")
+    return proc.stdout
+
+
+def scontrol_job(job_id: str, timeout: float = DEFAULT_TIMEOUT) -> Allocation:
+    return parse_job(run_slurm(["scontrol", "show", "job", "-d", str(job_id)], timeout))
+
+
+def load_allocation(
+    job_id: str | None = None,
+    env: Mapping[str, str] | None = None,
+    use_scontrol: bool = True,
+) -> Allocation:
+    """The allocation of ``job_id`` (default: the job of this environment).
+
+    scontrol is asked first, because a step started from outside sees only its own
+    nodes in its variables; the environment is the fallback when scontrol is missing or
+    cannot reach the controller. With neither a job id nor SLURM variables, raises
+    ``AllocationError``.
+    """
+    env = os.environ if env is None else env
+    env_job = job_id_from_env(env)
+    job_id = str(job_id) if job_id is not None else env_job
+    if job_id is None:
+        raise AllocationError(
+            "not inside a SLURM allocation (SLURM_JOB_ID is not set) and no job id given"
+        )
+    scontrol_error: Exception | None = None
+    if use_scontrol:
+        try:
+            alloc = scontrol_job(job_id)
+        except SlurmCommandError as e:
+            scontrol_error = e
+        else:
+            return _with_env_details(alloc, env if env_job == job_id else {})
+    if env_job != job_id:
+        raise AllocationError(
+            f"cannot read job {job_id}: {scontrol_error or 'scontrol disabled'}, "
+            f"and this environment belongs to job {env_job or '(none)'}"
+        )
+    return allocation_from_env(env)
+
+
+def _with_env_details(alloc: Allocation, env: Mapping[str, str]) -> Allocation:
+    """scontrol knows no cluster name and sometimes no GPU type: take them from the env."""
+    cluster = env.get("SLURM_CLUSTER_NAME")
+    if not env or (cluster is None and all(n.gpu_type or not n.gpus for n in alloc.nodes)):
+        return alloc
+    try:
+        from_env = allocation_from_env(env)
+    except AllocationError:
+        from_env = None
+    nodes = alloc.nodes
+    if from_env is not None:
+        types = {n.name: n.gpu_type for n in from_env.nodes}
+        nodes = tuple(
+            n
+            if n.gpu_type or not n.gpus or not types.get(n.name)
+            else type(n)(n.name, n.cpus, n.gpus, types[n.name], n.memory_mb, n.gpu_ids)
+            for n in alloc.nodes
+        )
+    return Allocation(
+        job_id=alloc.job_id,
+        nodes=nodes,
+        cluster=cluster,
+        partition=alloc.partition,
+        source=alloc.source,
+        state=alloc.state,
+    )
+
+
+def ephemeral_range() -> tuple[int, int] | None:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = f.read().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return None
+
+
+def srun_port_range() -> tuple[int, int] | None:
+    """Slurm's ``SrunPortRange`` when scontrol can read the config, else None."""
+    try:
+        config = parse_config(run_slurm(["scontrol", "show", "config"], timeout=15))
+    except SlurmCommandError:
+        return None
+    return parse_port_range(config.get("SrunPortRange"))
+
+
+def host_exclusions() -> list[tuple[int, int]]:
+    """Port ranges of this host that a job's port plan must avoid."""
+    return [r for r in (ephemeral_range(), srun_port_range()) if r is not None]

@@ -1,0 +1,167 @@
+"""Read an ``Allocation`` from the SLURM variables of an allocation, batch script or step.
+
+Pure: takes a mapping, never touches ``os.environ`` itself, so every form listed in
+SLURM's documentation can be tested from a dictionary. Every missing or malformed
+value raises ``AllocationError`` naming the variable and quoting its value; nothing is
+guessed (a run-length list that disagrees with the node list is an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
+from .hostlist import HostlistError, expand, expand_counts
+
+#: Set by SLURM in allocations, batch scripts and steps.
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
+#: ``SLURM_NODELIST`` first: a step started from outside with ``-w`` sees only its own
+#: nodes in ``SLURM_JOB_NODELIST`` but the job's in ``SLURM_NODELIST``.
+NODELIST_VARIABLES = ("SLURM_NODELIST", "SLURM_JOB_NODELIST")
+
+
+def job_id_from_env(env: Mapping[str, str]) -> str | None:
+    for var in JOB_ID_VARIABLES:
+        value = env.get(var)
+        if value is not None:
+            if not value.strip().isdigit():
+                raise AllocationError(f"{var}={value!r} is not a job id")
+            return value.strip()
+    return None
+
+
+def _get(env: Mapping[str, str], names: tuple[str, ...], suffix: str) -> tuple[str, str] | None:
+    for name in names:
+        var = name + suffix
+        if var in env:
+            return var, env[var]
+    return None
+
+
+def _int(var: str, value: str) -> int:
+    text = value.strip()
+    if not text.isdigit():
+        raise AllocationError(f"{var}={value!r} is not a non-negative integer")
+    return int(text)
+
+
+def _memory_mb(var: str, value: str) -> int:
+    """SLURM memory values are MiB, optionally with a unit suffix (``500``, ``500M``, ``4G``)."""
+    text = value.strip().upper()
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    factor = 1.0
+    if text and text[-1] in scale:
+        factor = scale[text[-1]]
+        text = text[:-1]
+    if not text.isdigit():
+        raise AllocationError(f"{var}={value!r} is not an amount of memory in MiB")
+    return int(int(text) * factor)
+
+
+def _component(env: Mapping[str, str], suffix: str, label: str) -> list[NodeShare]:
+    found = _get(env, NODELIST_VARIABLES, suffix)
+    if found is None:
+        raise AllocationError(
+            f"SLURM_JOB_NODELIST{suffix} is not set{label}: cannot tell the job's nodes"
+        )
+    var, value = found
+    try:
+        names = expand(value)
+    except HostlistError as e:
+        raise AllocationError(f"{var}={value!r}: {e.reason} (position {e.position})") from e
+    if not names:
+        raise AllocationError(f"{var}={value!r} names no node")
+
+    cpus_var = "SLURM_JOB_CPUS_PER_NODE" + suffix
+    if cpus_var not in env:
+        raise AllocationError(f"{cpus_var} is not set{label}: cannot tell CPUs per node")
+    try:
+        cpus = expand_counts(env[cpus_var])
+    except HostlistError as e:
+        raise AllocationError(f"{cpus_var}={env[cpus_var]!r}: {e.reason}") from e
+    if len(cpus) != len(names):
+        raise AllocationError(
+            f"{cpus_var}={env[cpus_var]!r} gives {len(cpus)} counts but {var}={value!r} "
+            f"has {len(names)} nodes"
+        )
+
+    gpu_type, gpus = _gpus(env, suffix)
+    mem = _memory(env, suffix)
+    nodes = []
+    for name, ncpu in zip(names, cpus):
+        memory_mb = None
+        if mem is not None:
+            kind, amount = mem
+            memory_mb = {"node": amount, "cpu": amount * ncpu, "gpu": amount * gpus}[kind] or None
+        nodes.append(NodeShare(name, ncpu, gpus, gpu_type if gpus else None, memory_mb))
+    return nodes
+
+
+def _gpus(env: Mapping[str, str], suffix: str) -> tuple[str | None, int]:
+    per_node = "SLURM_GPUS_PER_NODE" + suffix
+    if per_node in env:
+        return parse_gpu_spec(env[per_node], per_node)
+    on_node = "SLURM_GPUS_ON_NODE" + suffix
+    if on_node in env:
+        # --gres=gpu:N gives every node the same N; this is the only per-node count then.
+        return None, _int(on_node, env[on_node])
+    total = "SLURM_GPUS" + suffix
+    if total in env:
+        raise AllocationError(
+            f"{total}={env[total]!r} does not say how the GPUs are spread over the nodes; "
+            "read the job with scontrol (run where scontrol reaches the controller)"
+        )
+    return None, 0
+
+
+def _memory(env: Mapping[str, str], suffix: str) -> tuple[str, int] | None:
+    for kind in ("node", "cpu", "gpu"):
+        var = f"SLURM_MEM_PER_{kind.upper()}{suffix}"
+        if var in env:
+            return kind, _memory_mb(var, env[var])
+    return None
+
+
+def allocation_from_env(env: Mapping[str, str]) -> Allocation:
+    """The allocation described by SLURM variables; heterogeneous components concatenated."""
+    job_id = job_id_from_env(env)
+    if job_id is None:
+        raise AllocationError(
+            "SLURM_JOB_ID is not set: not inside a SLURM allocation (give a job id instead)"
+        )
+    nodes: list[NodeShare] = []
+    if "SLURM_HET_SIZE" in env:
+        size = _int("SLURM_HET_SIZE", env["SLURM_HET_SIZE"])
+        if size < 1:
+            raise AllocationError(f"SLURM_HET_SIZE={env['SLURM_HET_SIZE']!r} must be >= 1")
+        for i in range(size):
+            nodes.extend(_component(env, f"_HET_GROUP_{i}", f" (component {i} of {size})"))
+    else:
+        nodes = _component(env, "", "")
+    return Allocation(
+        job_id=job_id,
+        nodes=_merge_repeated(nodes, job_id),
+        cluster=env.get("SLURM_CLUSTER_NAME"),
+        partition=env.get("SLURM_JOB_PARTITION"),
+        source="environment",
+    )
+
+
+def _merge_repeated(nodes: list[NodeShare], job_id: str) -> tuple[NodeShare, ...]:
+    """Components of a heterogeneous job may share a node: one Ray node gets the sum."""
+    merged: dict[str, NodeShare] = {}
+    for n in nodes:
+        if n.name not in merged:
+            merged[n.name] = n
+            continue
+        m = merged[n.name]
+        types = {t for t in (m.gpu_type, n.gpu_type) if t}
+        merged[n.name] = NodeShare(
+            n.name,
+            m.cpus + n.cpus,
+            m.gpus + n.gpus,
+            types.pop() if len(types) == 1 else None,
+            None if m.memory_mb is None or n.memory_mb is None else m.memory_mb + n.memory_mb,
+            None,
+        )
+    return tuple(merged.values())
