@@ -10,9 +10,10 @@ Layout: the allowed port space (below) is cut into blocks of ``BLOCK`` ports; a 
 first candidate block is ``job_id % number_of_blocks``. Collision bound: two jobs get the
 same first candidate only when their ids are congruent modulo the number of blocks (with Linux's
 default ephemeral range 32768-60999 and ``SrunPortRange=60001-63000`` there are 44 blocks,
-so jobs whose ids differ by less than 44 never share a candidate). When a candidate's ports are found taken on a node, the next
-candidate ``(first + k) % blocks`` is tried; the plan finally chosen is recorded by the
-launcher and handed to every node, so nodes never disagree.
+so jobs whose ids differ by less than 44 never share a candidate). When a candidate's
+ports are found taken on a node, the next candidate ``(first + k) % blocks`` is tried;
+the plan finally chosen is recorded by the launcher and handed to every node, so nodes
+never disagree.
 
 Excluded from the space: ports below 20000 (well-known ports, Ray's default GCS, client
 server, dashboard and worker range 10002-19999, Serve's 8000/9000), Ray client's proxier
