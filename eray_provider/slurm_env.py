@@ -142,7 +142,7 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation:
         job_id=job_id,
         nodes=_merge_repeated(nodes, job_id),
         cluster=env.get("SLURM_CLUSTER_NAME"),
-        partition=env.get("SLURM_JOB_PARTITION"),
+        partition=env.get("SLURM_JOB_PARTITION") or env.get("SLURM_JOB_PARTITION_HET_GROUP_0"),
         source="environment",
     )
 

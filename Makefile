@@ -1,0 +1,40 @@
+# make test: create .venv when missing, install the package with its test extra, run everything.
+# make demo: the whole user flow on the SLURM test bed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test unit lint demo bench testbed-up testbed-down clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
+	$(PY) -m pytest -ra tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -ra -m "not slurm and not ray" tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
+	$(VENV)/bin/ruff format --check eray_provider tests bench examples
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+bench: $(STAMP)
+	$(PY) bench/hostlist_bench.py
+
+testbed-up:
+	scripts/slurm-testbed up
+
+testbed-down:
+	scripts/slurm-testbed down
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

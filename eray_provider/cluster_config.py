@@ -1,0 +1,141 @@
+"""Fill a user's small cluster YAML with everything Ray's launcher needs, from the allocation.
+
+Pure: ``fill_config(config, allocation)`` returns a new dict. Node types and their
+resources come from SLURM, so nobody writes resources by hand; min and max workers are
+the allocation's other nodes (or the first ``max_workers`` of them). A config that asks
+for more than the allocation holds fails here, before anything starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+from .allocation import Allocation
+from .cluster_state import default_base
+from .hostlist import HostlistError, expand
+from .node_spec import (
+    DEFAULT_OBJECT_STORE_FRACTION,
+    HEAD_TYPE,
+    node_resource,
+    node_type_config,
+    ray_resources,
+    worker_types,
+)
+
+#: The head's start command: the command runner recognises it and launches the head's
+#: long-lived step from the launcher host instead of running it inside a short step.
+LAUNCH_HEAD = "eray-provider-launch-head"
+FILLED = "_eray_filled"
+
+
+class ClusterConfigError(ValueError):
+    """The cluster YAML asks for something the allocation cannot give."""
+
+
+def select_nodes(alloc: Allocation, provider: dict[str, Any], max_workers: int) -> Allocation:
+    """The allocation restricted to ``provider.nodes`` (head first) and ``max_workers``."""
+    names = alloc.node_names
+    if provider.get("nodes"):
+        spec = provider["nodes"]
+        try:
+            wanted = expand(spec) if isinstance(spec, str) else [str(n) for n in spec]
+        except HostlistError as e:
+            raise ClusterConfigError(f"provider.nodes: {e}") from e
+        outside = [n for n in wanted if n not in names]
+        if outside:
+            raise ClusterConfigError(
+                f"provider.nodes names {outside} outside job {alloc.job_id}, whose nodes are "
+                f"{', '.join(names)}"
+            )
+        names = wanted
+    workers = len(names) - 1
+    if max_workers > workers:
+        raise ClusterConfigError(
+            f"max_workers: {max_workers} but job {alloc.job_id} has only {workers} node(s) "
+            f"besides the head ({', '.join(names)}); use -1 for all of them"
+        )
+    if max_workers >= 0:
+        names = names[: max_workers + 1]
+    return type(alloc)(
+        job_id=alloc.job_id,
+        nodes=tuple(alloc.node(n) for n in names),
+        cluster=alloc.cluster,
+        partition=alloc.partition,
+        source=alloc.source,
+        state=alloc.state,
+    )
+
+
+def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = None) -> dict[str, Any]:
+    """The launcher config for ``alloc``; idempotent on an already filled config."""
+    if config.get("provider", {}).get(FILLED):
+        return config
+    out = copy.deepcopy(config)
+    provider = out["provider"]
+    try:
+        max_workers = int(out.get("max_workers", -1))
+    except (TypeError, ValueError) as e:
+        raise ClusterConfigError(f"max_workers must be an integer, got {out.get('max_workers')!r}") from e
+    fraction = float(provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION))
+    if not 0 < fraction < 1:
+        raise ClusterConfigError(f"provider.object_store_fraction must be in (0, 1), got {fraction}")
+    alloc = select_nodes(alloc, provider, max_workers)
+
+    head_res = ray_resources(alloc.head, alloc.job_id, fraction)
+    types: dict[str, Any] = {
+        HEAD_TYPE: {
+            "resources": head_res,
+            "labels": {"slurm-job": alloc.job_id},
+            "node_config": {"slurm_nodes": [alloc.head.name]},
+            "min_workers": 0,
+            "max_workers": 0,
+        }
+    }
+    for name, shares in worker_types(alloc).items():
+        types[name] = node_type_config(shares, alloc.job_id, fraction)
+    # the head keeps its pinning resource even though RAY_OVERRIDE_RESOURCES replaces its own
+    assert node_resource(alloc.head.name) in head_res
+
+    provider.update(
+        {
+            "job_id": alloc.job_id,
+            # absolute, so that the head (whose HOME is the cluster's) finds the same state
+            "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
+            "allocation": alloc.to_dict(),
+            "python": python or provider.get("python") or sys.executable,
+            "object_store_fraction": fraction,
+            # workers are started by the provider itself in one srun per launch batch
+            "disable_node_updaters": True,
+            "use_internal_ips": True,
+            FILLED: True,
+        }
+    )
+    n_workers = len(alloc.workers)
+    out.update(
+        {
+            "max_workers": n_workers,
+            "upscaling_speed": max(float(out.get("upscaling_speed", 0) or 0), 1000.0),
+            "idle_timeout_minutes": out.get("idle_timeout_minutes", 60 * 24 * 365),
+            "available_node_types": types,
+            "head_node_type": HEAD_TYPE,
+            "auth": out.get("auth") or {},
+            "file_mounts": out.get("file_mounts") or {},
+            "cluster_synced_files": out.get("cluster_synced_files") or [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": out.get("rsync_exclude") or [],
+            "rsync_filter": out.get("rsync_filter") or [],
+            "initialization_commands": out.get("initialization_commands") or [],
+            "head_start_ray_commands": [LAUNCH_HEAD],
+            # never run: workers start through the provider (node_run), which runs
+            # setup_commands + worker_setup_commands itself
+            "worker_start_ray_commands": [],
+        }
+    )
+    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
+        out[key] = list(out.get(key) or [])
+    # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
+    provider["worker_setup_commands"] = out["worker_setup_commands"]
+    return out

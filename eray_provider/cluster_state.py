@@ -1,0 +1,193 @@
+"""Per-cluster state on disk: node records and tags, port plan, auth token, node markers.
+
+Ray builds a new provider object in every CLI process and in the head's monitor, so
+all state lives in one directory per cluster and job, ``<base>/<cluster>-<job>``, mode
+0700, on a file system every node and the launcher see (the user's HOME on a cluster).
+Writes go through a lock file and atomic renames; reads are cached by mtime so the
+autoscaler's per-round calls cost a ``stat`` and no subprocess.
+
+Layout::
+
+    state.json        node records: slurm node, role, type, tags, step, generation
+    ports.json        the port plan chosen for the job (every node reads it)
+    auth_token        Ray token, mode 0600
+    cluster.json      the filled cluster config (setup commands, resources)
+    home/             HOME of the cluster's Ray processes (ray_bootstrap_config.yaml)
+    logs/             output of the srun clients that hold the Ray steps
+    nodes/<id>.ip     address a node's Ray runs on, written by the node
+    nodes/<id>.tmpdir its private temp dir on that node, for teardown
+    nodes/<id>.exit   written when a node's Ray ends (exit code)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from .ports import PortPlan
+
+STATE_DIR_ENV = "ERAY_STATE_DIR"
+
+
+def default_base() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".eray-provider")
+
+
+def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Atomic write of a file only the owner can read."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` with mode 0700, refusing a symlink or a directory of another user."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not Path(path).is_dir() or Path(path).is_symlink():
+        raise RuntimeError(f"{path} is not a plain directory")
+    if st.st_uid != os.getuid():
+        raise RuntimeError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+class ClusterState:
+    """The on-disk state of one cluster of one job."""
+
+    def __init__(self, cluster_name: str, job_id: str, base: str | Path | None = None) -> None:
+        if not cluster_name or "/" in cluster_name or cluster_name.startswith("."):
+            raise ValueError(f"cluster_name must be a plain name, got {cluster_name!r}")
+        self.cluster_name = cluster_name
+        self.job_id = str(job_id)
+        self.base = Path(base) if base else default_base()
+        self.dir = self.base / f"{cluster_name}-{self.job_id}"
+        self._cache: tuple[float, dict[str, Any]] | None = None
+
+    # ---------------------------------------------------------------- paths
+    @property
+    def home(self) -> Path:
+        return self.dir / "home"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def node_dir(self) -> Path:
+        return self.dir / "nodes"
+
+    @property
+    def token_path(self) -> Path:
+        return self.dir / "auth_token"
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def exists(self) -> bool:
+        return self.state_path.exists()
+
+    def lock(self, timeout: float = 60) -> FileLock:
+        ensure_private_dir(self.base)
+        ensure_private_dir(self.dir)
+        return FileLock(str(self.dir / ".lock"), timeout=timeout)
+
+    def create(self) -> None:
+        """Create the directory tree, a fresh token and empty state (idempotent)."""
+        ensure_private_dir(self.base)
+        ensure_private_dir(self.dir)
+        for sub in (self.home, self.logs, self.node_dir):
+            ensure_private_dir(sub)
+        if not self.token_path.exists():
+            _write_private(self.token_path, secrets.token_hex(32))
+        if not self.state_path.exists():
+            self.write({"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}})
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._cache = None
+
+    # ---------------------------------------------------------------- state.json
+    def read(self) -> dict[str, Any]:
+        """The state document; cached until the file's mtime changes."""
+        try:
+            mtime = os.stat(self.state_path).st_mtime_ns
+        except FileNotFoundError:
+            return {"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}}
+        if self._cache is None or self._cache[0] != mtime:
+            doc = json.loads(self.state_path.read_text())
+            if str(doc.get("job_id")) != self.job_id:
+                raise RuntimeError(
+                    f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}"
+                )
+            self._cache = (mtime, doc)
+        return self._cache[1]
+
+    def write(self, doc: dict[str, Any]) -> None:
+        _write_private(self.state_path, json.dumps(doc, indent=1, sort_keys=True))
+        self._cache = None
+
+    def update(self, fn) -> Any:
+        """Read-modify-write under the lock; ``fn(doc)`` mutates doc and may return a value."""
+        with self.lock():
+            doc = json.loads(json.dumps(self.read()))
+            result = fn(doc)
+            self.write(doc)
+            return result
+
+    # ---------------------------------------------------------------- ports / config / token
+    def ports(self) -> PortPlan | None:
+        path = self.dir / "ports.json"
+        try:
+            return PortPlan.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+
+    def save_ports(self, plan: PortPlan) -> None:
+        _write_private(self.dir / "ports.json", plan.to_json())
+
+    def cluster_config(self) -> dict[str, Any]:
+        return json.loads((self.dir / "cluster.json").read_text())
+
+    def save_cluster_config(self, config: dict[str, Any]) -> None:
+        _write_private(self.dir / "cluster.json", json.dumps(config, sort_keys=True))
+
+    # ---------------------------------------------------------------- node markers
+    def marker(self, node_id: str, kind: str) -> Path:
+        return self.node_dir / f"{node_id}.{kind}"
+
+    def read_marker(self, node_id: str, kind: str) -> str | None:
+        try:
+            return self.marker(node_id, kind).read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def write_marker(self, node_id: str, kind: str, value: str) -> None:
+        _write_private(self.marker(node_id, kind), value)
+
+    def markers(self) -> set[str]:
+        """Names of all marker files (one listdir, for cheap liveness checks)."""
+        try:
+            return set(os.listdir(self.node_dir))
+        except FileNotFoundError:
+            return set()
+
+    def wait_marker(self, node_id: str, kind: str, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.read_marker(node_id, kind)
+            if value:
+                return value
+            time.sleep(0.1)
+        return None

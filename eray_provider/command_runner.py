@@ -1,0 +1,181 @@
+"""Ray's command runner over srun: how ``ray up/exec/submit/attach/down`` reach a node.
+
+Every command becomes a step ``srun --jobid=J --overlap -N1 -n1 -w NODE bash -c ...``
+with the cluster's variables (HOME, token, RAY_ADDRESS) exported first. Three commands
+are not run on the node: the head's start command (the head must live in a step of its
+own, held from the launcher host), ``ray stop`` (a bare one would kill every Ray of the
+user on the node: this cluster's steps are cancelled instead), and port forwarding,
+which srun cannot do and is refused with what to do instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ray.autoscaler._private.cli_logger import cli_logger
+from ray.autoscaler.command_runner import CommandRunnerInterface
+
+from .cluster_config import LAUNCH_HEAD
+from .cluster_state import ClusterState
+from .launch import cluster_env
+from .srun import bash_command, clean_env, srun_argv
+
+_RAY_STOP = re.compile(r"(^|[;&|]\s*|\s)ray\s+stop(\s|$)")
+
+
+def _exports(cmd: str) -> list[tuple[str, str]]:
+    """The ``export K=V`` statements of a shell command line."""
+    out = []
+    for part in cmd.split(";"):
+        words = shlex.split(part.strip()) if part.strip().startswith("export ") else []
+        for word in words[1:]:
+            key, sep, value = word.partition("=")
+            if sep and key.isidentifier():
+                out.append((key, value))
+    return out
+
+
+def _remote_path(path: str) -> str:
+    """``~/x`` -> ``"$HOME"/x`` for the node's shell; anything else quoted as is."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + shlex.quote(path[1:]) if len(path) > 1 else '"$HOME"'
+    return shlex.quote(path)
+
+
+class SrunCommandRunner(CommandRunnerInterface):
+    def __init__(
+        self,
+        state: ClusterState,
+        node_id: str,
+        slurm_node: str,
+        launch_head: Callable[[str, dict[str, str]], None],
+        stop_cluster: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.node_id = node_id
+        self.slurm_node = slurm_node
+        self._launch_head = launch_head
+        self._stop_cluster = stop_cluster
+
+    # ------------------------------------------------------------------ helpers
+    def _argv(self, command: list[str], pty: bool = False) -> list[str]:
+        return srun_argv(self.state.job_id, [self.slurm_node], command, pty=pty)
+
+    def _env(self) -> dict[str, str]:
+        return clean_env(os.environ)
+
+    def _shell(self, cmd: str, environment_variables: dict[str, Any] | None) -> list[str]:
+        exports = dict(cluster_env(self.state))
+        for key, val in (environment_variables or {}).items():
+            # the same encoding as Ray's ssh runner, so the updater's variables read alike
+            exports[key] = json.dumps(val, separators=(",", ":")) if not isinstance(val, str) else val
+        return bash_command(cmd, exports)
+
+    def _fail(self, cmd: str, code: int, exit_on_fail: bool, output: str = "") -> None:
+        from ray.autoscaler._private.command_runner import ProcessRunnerError
+
+        msg = f"Command failed on {self.slurm_node} (exit {code}): {cmd}"
+        if exit_on_fail:
+            cli_logger.abort(msg + (f"\n{output}" if output else ""))
+        raise ProcessRunnerError(msg, "ssh_command_failed", code=code, command=cmd)
+
+    # ------------------------------------------------------------------ interface
+    def run(
+        self,
+        cmd: str | None = None,
+        timeout: int = 120,
+        exit_on_fail: bool = False,
+        port_forward: list[tuple[int, int]] | None = None,
+        with_output: bool = False,
+        environment_variables: dict[str, object] | None = None,
+        run_env: str = "auto",
+        ssh_options_override_ssh_key: str = "",
+        shutdown_after_run: bool = False,
+    ) -> bytes | str:
+        if port_forward:
+            cli_logger.abort(
+                "Port forwarding is not available over srun. The dashboard listens on the "
+                "head's address; from the login node use `ssh -L <port>:<head ip>:<port> "
+                "<head node>` where ssh to compute nodes is allowed, or `eray-provider inspect` "
+                "for the port."
+            )
+        cmd = cmd or "bash -l"
+        if LAUNCH_HEAD in cmd:
+            # the updater passes variables both as a dict and as `export K=V;` prefixes
+            env = dict(_exports(cmd))
+            env.update(
+                {str(k): (v if isinstance(v, str) else json.dumps(v, separators=(",", ":")))
+                 for k, v in (environment_variables or {}).items()}
+            )
+            self._launch_head(self.node_id, env)
+            return b"" if with_output else ""
+        if _RAY_STOP.search(cmd):
+            self._stop_cluster()
+            return b"" if with_output else ""
+        interactive = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
+        argv = self._argv(self._shell(cmd, environment_variables), pty=interactive)
+        if with_output:
+            proc = subprocess.run(argv, env=self._env(), capture_output=True, stdin=subprocess.DEVNULL)
+            if proc.returncode != 0:
+                self._fail(cmd, proc.returncode, exit_on_fail, proc.stderr.decode(errors="replace"))
+            return proc.stdout
+        stdin = None if interactive else subprocess.DEVNULL
+        code = subprocess.run(argv, env=self._env(), stdin=stdin).returncode
+        if code != 0:
+            self._fail(cmd, code, exit_on_fail)
+        return ""
+
+    def run_rsync_up(self, source: str, target: str, options: dict | None = None) -> None:
+        """Copy a local file or directory to the node through srun's stdin (no rsync, no ssh)."""
+        src = os.path.expanduser(source)
+        dest = _remote_path(target.rstrip("/") if len(target) > 1 else target)
+        if os.path.isdir(src):
+            pack = ["tar", "-C", src, "-cf", "-", "."]
+            unpack = f"mkdir -p {dest} && tar -C {dest} -xf -"
+        else:
+            pack = ["cat", src]
+            unpack = f'mkdir -p "$(dirname {dest})" && cat > {dest}'
+        self._pipe(pack, self._argv(self._shell(unpack, None)), f"copy {source} to {target}")
+
+    def run_rsync_down(self, source: str, target: str, options: dict | None = None) -> None:
+        """Copy a file or directory from the node to a local path."""
+        src = _remote_path(source.rstrip("/") if len(source) > 1 else source)
+        dest = os.path.expanduser(target)
+        pack = f"if [ -d {src} ]; then tar -C {src} -cf - .; else cat {src}; fi"
+        probe = self._argv(self._shell(f"test -d {src}", None))
+        is_dir = subprocess.run(probe, env=self._env(), stdin=subprocess.DEVNULL).returncode == 0
+        if is_dir:
+            os.makedirs(dest, exist_ok=True)
+            unpack = ["tar", "-C", dest, "-xf", "-"]
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+            unpack = ["dd", f"of={dest}", "status=none"]
+        self._pipe(self._argv(self._shell(pack, None)), unpack, f"copy {source} from the node")
+
+    def _pipe(self, first: list[str], second: list[str], what: str) -> None:
+        left = subprocess.Popen(first, stdout=subprocess.PIPE, env=self._env(), stdin=subprocess.DEVNULL)
+        right = subprocess.run(second, stdin=left.stdout, env=self._env(), capture_output=True)
+        assert left.stdout is not None
+        left.stdout.close()
+        left_code = left.wait(timeout=600)
+        if left_code != 0 or right.returncode != 0:
+            from ray.autoscaler._private.command_runner import ProcessRunnerError
+
+            raise ProcessRunnerError(
+                f"{what} failed on {self.slurm_node}: {right.stderr.decode(errors='replace')}",
+                "ssh_command_failed",
+                code=left_code or right.returncode,
+            )
+
+    def remote_shell_command_str(self) -> str:
+        return " ".join(shlex.quote(a) for a in self._argv(["bash", "-l"], pty=True)) + "\n"
+
+    def run_init(self, *, as_head: bool, file_mounts: dict[str, str], sync_run_yet: bool):
+        return None

@@ -1,0 +1,176 @@
+"""Runs on a node, as the task of the node's long-lived step: becomes that node's Ray.
+
+``python -m eray_provider.node_run`` (started by the launcher for the head, by the
+head's provider for workers) picks this node's address, makes a private temp dir,
+runs the setup commands of workers, then runs ``ray start --block`` with the job's
+port plan, token and resources, and records the outcome for the provider. It forwards
+SIGTERM/SIGINT to Ray and removes its temp dir when Ray ends.
+
+Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
+``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``slurmnode=nodeid,...``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+from .allocation import Allocation
+from .cluster_state import ClusterState
+from .node_spec import StartSpec
+
+
+class NodeRunError(RuntimeError):
+    pass
+
+
+def node_ids_from(value: str) -> dict[str, str]:
+    out = {}
+    for item in value.split(","):
+        name, _, node_id = item.partition("=")
+        if not name or not node_id:
+            raise NodeRunError(f"ERAY_NODE_IDS={value!r}: expected node=id,...")
+        out[name] = node_id
+    return out
+
+
+def interface_addresses() -> list[str]:
+    """IPv4 addresses of this host's interfaces (``ip -o -4 addr``), loopback excluded."""
+    try:
+        out = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    addrs = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            addr = parts[parts.index("inet") + 1].split("/")[0]
+            if not addr.startswith("127."):
+                addrs.append(addr)
+    return addrs
+
+
+def pick_ip(network: str | None) -> str:
+    """The address other nodes reach this node on.
+
+    With ``network`` (a CIDR from ``provider.network``): the interface address inside it.
+    Otherwise the hostname's address unless it is a loopback alias (a ``127.0.1.1`` entry
+    in /etc/hosts is common), else the address of the interface holding the default route.
+    """
+    if network:
+        net = ipaddress.ip_network(network, strict=False)
+        for addr in interface_addresses():
+            if ipaddress.ip_address(addr) in net:
+                return addr
+        raise NodeRunError(
+            f"provider.network={network!r}: no interface of {socket.gethostname()} is in it "
+            f"(addresses: {interface_addresses()})"
+        )
+    try:
+        for addr in socket.gethostbyname_ex(socket.gethostname())[2]:
+            if not addr.startswith("127."):
+                return addr
+    except OSError:
+        pass
+    addrs = interface_addresses()
+    if addrs:
+        return addrs[0]
+    raise NodeRunError(f"cannot find a non-loopback address of {socket.gethostname()}")
+
+
+def _run_setup(commands: list[str], env: dict[str, str]) -> None:
+    for cmd in commands:
+        print(f"eray-provider: setup: {cmd}", flush=True)
+        rc = subprocess.run(["bash", "-c", cmd], env=env, stdin=subprocess.DEVNULL).returncode
+        if rc != 0:
+            raise NodeRunError(f"setup command failed with exit {rc}: {cmd}")
+
+
+def main() -> int:
+    env = os.environ
+    state = ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
+    node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node_id = node_ids_from(env["ERAY_NODE_IDS"]).get(node_name)
+    if node_id is None:
+        print(f"eray-provider: node {node_name} is not in ERAY_NODE_IDS", file=sys.stderr)
+        return 2
+    role = env["ERAY_ROLE"]
+    tmp = None
+    code = 1
+    try:
+        config = state.cluster_config()
+        provider = config["provider"]
+        alloc = Allocation.from_dict(provider["allocation"])
+        plan = state.ports()
+        if plan is None:
+            raise NodeRunError(f"no port plan in {state.dir}")
+        ip = pick_ip(provider.get("network"))
+        tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-")
+        state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
+        state.write_marker(node_id, "pid", str(os.getpid()))
+        head_address = None
+        if role == "worker":
+            heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head"]
+            head_ip = state.read_marker(heads[-1], "ip") if heads else None
+            if not head_ip:
+                raise NodeRunError("the head has not recorded its address")
+            head_address = f"{head_ip}:{plan.gcs}"
+        spec = StartSpec(
+            share=alloc.node(node_name),
+            job_id=state.job_id,
+            role=role,
+            ip=ip,
+            plan=plan,
+            temp_dir=tmp,
+            head_address=head_address,
+            dashboard_host=provider.get("dashboard_host"),
+            object_store_fraction=float(provider["object_store_fraction"]),
+            autoscaling_config=str(state.home / "ray_bootstrap_config.yaml") if role == "head" else None,
+        )
+        n_workers = max(len(alloc.workers), 10)
+        ray_env = dict(
+            env,
+            **spec.env(),
+            HOME=str(state.home),
+            # everything Ray and Python create in temp dirs goes into ours
+            TMPDIR=tmp,
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(state.token_path),
+            RAY_CLOUD_INSTANCE_ID=node_id,
+            RAY_USAGE_STATS_ENABLED="0",
+            AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
+            AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
+        )
+        ray_env.pop("RAY_ADDRESS", None)
+        if role == "worker":
+            _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
+        state.write_marker(node_id, "ip", ip)
+        print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
+        proc = subprocess.Popen(spec.argv(), env=ray_env, stdin=subprocess.DEVNULL)
+
+        def forward(signum, _frame):
+            proc.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        code = proc.wait()
+    except Exception as e:  # reported to the provider through the exit marker
+        print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
+        code = 1 if code == 0 else code
+    finally:
+        state.write_marker(node_id, "exit", str(code))
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""``SlurmNodeProvider``: a SLURM allocation as a Ray cluster, for Ray's cluster launcher.
+
+Use ``provider: {type: external, module: eray_provider.SlurmNodeProvider}``. Head =
+first node of the job, workers = the others, each with exactly its SLURM share. Ray
+nodes are reached with srun (``SrunCommandRunner``), never ssh; each lives in a step of
+its own that dies with the job. All state is in ``ClusterState`` because Ray builds a
+provider in every CLI process and in the head's monitor.
+
+Liveness is cheap: the node records are read from a file cached by mtime, and the job's
+steps come from one ``squeue`` call at most every ``STEP_CACHE_SECONDS``, shared by
+all nodes (no subprocess per node, no O(N^2)).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
+from .allocation import Allocation, AllocationError
+from .cluster_config import FILLED, fill_config
+from .cluster_state import ClusterState
+from .command_runner import SrunCommandRunner
+from .launch import (
+    LaunchError,
+    ensure_port_plan,
+    launch_head,
+    launch_workers,
+    stop_cluster,
+)
+from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_env import job_id_from_env
+from .srun import job_state, list_steps
+
+logger = logging.getLogger(__name__)
+
+STEP_CACHE_SECONDS = 5.0
+#: A launched node whose step squeue does not list yet is still starting for this long.
+STEP_GRACE_SECONDS = 30.0
+
+
+class SlurmNodeProvider(NodeProvider):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        super().__init__(provider_config, cluster_name)
+        job = provider_config.get("job_id")
+        if not job:
+            raise AllocationError("provider.job_id is missing: the config was not bootstrapped")
+        self._check_cached_config(provider_config)
+        self.job_id = str(job)
+        self.python = provider_config.get("python") or "python3"
+        self.state = ClusterState(cluster_name, self.job_id, provider_config.get("state_dir"))
+        self._steps: tuple[float, dict[str, str] | None] = (0.0, {})
+
+    @staticmethod
+    def _check_cached_config(provider_config: dict[str, Any]) -> None:
+        """Ray caches bootstrapped configs in /tmp by content; a cache from another job is stale."""
+        cache = provider_config.get("_config_cache_path")
+        env_job = job_id_from_env(os.environ)
+        if cache and not provider_config.get("job_id_from_config") and env_job not in (
+            None, str(provider_config["job_id"])
+        ):
+            try:
+                os.unlink(cache)
+            except OSError:
+                pass
+            raise AllocationError(
+                f"Ray's cached config {cache} is for job {provider_config['job_id']}, but this "
+                f"is job {env_job}; the stale cache was removed: run the command again "
+                "(or pass --no-config-cache)"
+            )
+
+    # ------------------------------------------------------------------ config
+    @staticmethod
+    def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """Called by Ray before validation: fill node types from the SLURM allocation."""
+        provider = cluster_config["provider"]
+        if provider.get(FILLED):
+            return cluster_config
+        job = provider.get("job_id")
+        if job is not None:
+            provider["job_id_from_config"] = True
+        alloc = load_allocation(str(job) if job is not None else None)
+        if alloc.state not in (None, "RUNNING"):
+            raise AllocationError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
+        return fill_config(cluster_config, alloc)
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return cluster_config
+
+    # ------------------------------------------------------------------ node records
+    def _records(self) -> dict[str, dict[str, Any]]:
+        return self.state.read()["nodes"]
+
+    def _job_steps(self) -> dict[str, str] | None:
+        """Step id -> name for the job, refreshed at most every STEP_CACHE_SECONDS."""
+        stamp, steps = self._steps
+        if time.monotonic() - stamp > STEP_CACHE_SECONDS:
+            try:
+                steps = list_steps(self.job_id)
+            except SlurmCommandError as e:
+                logger.warning("squeue failed, keeping the last step list: %s", e)
+            self._steps = (time.monotonic(), steps)
+        return steps
+
+    def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
+        if rec.get("terminated"):
+            return False
+        if f"{node_id}.exit" in markers:
+            return False
+        launched = rec.get("launched")
+        if not launched:
+            return True  # created, start command not run yet
+        if steps is None:
+            return False  # the job has ended
+        if rec.get("step_name") in steps.values():
+            return True
+        return time.time() - launched < STEP_GRACE_SECONDS
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        records = self._records()
+        if not records:
+            return []
+        markers = self.state.markers()
+        needs_steps = any(r.get("launched") and not r.get("terminated") for r in records.values())
+        steps = self._job_steps() if needs_steps else {}
+        out = []
+        for node_id, rec in records.items():
+            if not self._alive(node_id, rec, markers, steps):
+                continue
+            tags = rec["tags"]
+            if all(tags.get(k) == v for k, v in tag_filters.items()):
+                out.append(node_id)
+        return out
+
+    def is_running(self, node_id: str) -> bool:
+        rec = self._records().get(node_id)
+        return bool(rec and rec.get("launched") and node_id in self.non_terminated_nodes({}))
+
+    def is_terminated(self, node_id: str) -> bool:
+        return node_id not in self.non_terminated_nodes({})
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        rec = self._records().get(node_id)
+        return dict(rec["tags"]) if rec else {}
+
+    def internal_ip(self, node_id: str) -> str:
+        ip = self.state.read_marker(node_id, "ip")
+        if ip:
+            return ip
+        rec = self._records().get(node_id)
+        return rec["slurm_node"] if rec else node_id
+
+    def external_ip(self, node_id: str) -> str:
+        return self.internal_ip(node_id)
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        def apply(doc):
+            if node_id in doc["nodes"]:
+                doc["nodes"][node_id]["tags"].update(tags)
+
+        self.state.update(apply)
+
+    # ------------------------------------------------------------------ create / terminate
+    def _allocation(self) -> Allocation:
+        return Allocation.from_dict(self.provider_config["allocation"])
+
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
+        wanted = list(node_config.get("slurm_nodes") or [])
+        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            self._create_head(wanted[0], tags)
+            return None
+        self._create_workers(wanted, tags, count)
+        return None
+
+    def _create_head(self, slurm_node: str, tags: dict[str, str]) -> str:
+        state = self.state
+        if job_state(self.job_id) != "RUNNING":
+            raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
+        with state.lock(timeout=300):
+            state.create()
+            live = [i for i in self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})]
+            if live:
+                logger.info("head %s already exists", live[0])
+                return live[0]
+            ensure_port_plan(state, self._allocation(), self.python)
+            state.save_cluster_config({"provider": self.provider_config})
+            node_id = self._new_record(slurm_node, "head", tags)
+        return node_id
+
+    def _new_record(self, slurm_node: str, role: str, tags: dict[str, str]) -> str:
+        """Append a node record (caller holds the lock); ids carry a generation number."""
+        doc = self.state.read()
+        gen = doc.get("next_gen", 1)
+        node_id = f"{slurm_node}.{gen}"
+        doc = dict(doc)
+        doc["next_gen"] = gen + 1
+        doc["nodes"] = dict(doc["nodes"])
+        doc["nodes"][node_id] = {
+            "slurm_node": slurm_node,
+            "role": role,
+            "tags": dict(tags),
+            "gen": gen,
+            "created": time.time(),
+        }
+        self.state.write(doc)
+        return node_id
+
+    def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
+        tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+        with self.state.lock(timeout=120):
+            busy = {
+                rec["slurm_node"]
+                for node_id, rec in self._records().items()
+                if node_id in self.non_terminated_nodes({})
+            }
+            free = [n for n in candidates if n not in busy][:count]
+            if len(free) < count:
+                logger.warning("asked for %d workers, only %d SLURM nodes are free", count, len(free))
+            if not free:
+                return
+            ids = {n: self._new_record(n, "worker", tags) for n in free}
+            batch = self.state.read()["next_gen"]
+        launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
+
+    def launch_head_node(self, node_id: str, extra_env: dict[str, str]) -> None:
+        rec = self._records()[node_id]
+        try:
+            address = launch_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
+        except LaunchError as e:
+            from ray.autoscaler._private.cli_logger import cli_logger
+
+            cli_logger.abort(str(e))
+        logger.info("head %s alive at %s", node_id, address)
+
+    def stop_all(self) -> None:
+        """``ray stop`` of this cluster: its steps only, then temp dirs and state."""
+        if not self.state.dir.exists():
+            return
+        stop_cluster(self.state)
+        self.state.remove()
+
+    def terminate_node(self, node_id: str) -> None:
+        self.terminate_nodes([node_id])
+
+    def terminate_nodes(self, node_ids: list[str]) -> None:
+        records = self._records()
+        targets = [i for i in node_ids if i in records]
+        if not targets:
+            return
+        steps = self._job_steps() or {}
+        by_step: dict[str, list[str]] = {}
+        for node_id in targets:
+            by_step.setdefault(records[node_id].get("step_name", ""), []).append(node_id)
+        from .srun import cancel_steps
+
+        whole = []
+        for step_name, ids in by_step.items():
+            members = [i for i, r in records.items() if r.get("step_name") == step_name]
+            if step_name and set(members) <= set(ids):
+                whole += [sid for sid, name in steps.items() if name == step_name]
+            else:
+                for node_id in ids:
+                    self._signal_node(node_id)
+        cancel_steps(whole, wait=60, job_id=self.job_id)
+
+        def mark(doc):
+            for node_id in targets:
+                doc["nodes"][node_id]["terminated"] = True
+
+        self.state.update(mark)
+        if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
+            self.stop_all()
+
+    def _signal_node(self, node_id: str) -> None:
+        """Stop one node of a multi-node step: SIGTERM to its node_run by recorded PID."""
+        import subprocess
+
+        from .srun import clean_env, srun_argv
+
+        pid = self.state.read_marker(node_id, "pid")
+        rec = self._records()[node_id]
+        if not pid or not pid.isdigit():
+            return
+        argv = srun_argv(self.job_id, [rec["slurm_node"]], ["kill", "-TERM", pid])
+        subprocess.run(argv, env=clean_env(os.environ), capture_output=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+
+    # ------------------------------------------------------------------ runner
+    def get_command_runner(
+        self,
+        log_prefix: str,
+        node_id: str,
+        auth_config: dict[str, Any],
+        cluster_name: str,
+        process_runner: Any,
+        use_internal_ip: bool,
+        docker_config: dict[str, Any] | None = None,
+    ) -> SrunCommandRunner:
+        rec = self._records().get(node_id)
+        slurm_node = rec["slurm_node"] if rec else self._allocation().head.name
+        return SrunCommandRunner(
+            self.state,
+            node_id,
+            slurm_node,
+            launch_head=self.launch_head_node,
+            stop_cluster=self.stop_all,
+        )

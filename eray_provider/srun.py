@@ -1,0 +1,138 @@
+"""srun, squeue and scancel for the cluster's steps: how we reach nodes without ssh.
+
+Every command reaches a node as a step of the user's job: ``srun --jobid=J --overlap
+-N1 -n1 -w NODE``. A Ray node lives in a long-lived step of its own (``ray start
+--block``), because under proctrack/cgroup a step's leftover processes die with the
+step's main process. Steps are named ``eray.<cluster>.<what>`` so that teardown can
+cancel exactly this cluster's steps and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .slurm_cli import SlurmCommandError, run_slurm
+
+#: SLURM variables that must not leak from the caller's step into a new srun: they
+#: describe the caller's step (node count, tasks, step node list) and would
+#: silently shape the new one.
+_KEEP = {"SLURM_CONF"}
+
+
+def clean_env(env: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    out = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k in _KEEP}
+    out.update(extra or {})
+    return out
+
+
+def step_prefix(cluster_name: str) -> str:
+    return f"eray.{cluster_name}."
+
+
+def srun_argv(
+    job_id: str,
+    nodes: Sequence[str],
+    command: Sequence[str],
+    name: str | None = None,
+    pty: bool = False,
+    input_all: bool = False,
+) -> list[str]:
+    """One step with one task on each of ``nodes``."""
+    argv = [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}",
+        "--cpu-bind=none",
+        "--kill-on-bad-exit=0",
+        "--quiet",
+    ]
+    if name:
+        argv.append(f"--job-name={name}")
+    if pty:
+        argv.append("--pty")
+    if input_all:
+        argv.append("--input=all")
+    return [*argv, *command]
+
+
+def bash_command(cmd: str, env: Mapping[str, str] | None = None, cwd_home: bool = True) -> list[str]:
+    """``bash -c`` with exports first; values quoted for the shell."""
+    exports = "".join(f"export {k}={shlex.quote(str(v))}; " for k, v in (env or {}).items())
+    prefix = 'cd "$HOME" 2>/dev/null; ' if cwd_home else ""
+    return ["bash", "-c", exports + prefix + cmd]
+
+
+def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """Start an srun client in its own session, output to a file (never a pipe)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            env=dict(env),
+            start_new_session=True,
+        )
+    finally:
+        os.close(fd)
+
+
+def list_steps(job_id: str, timeout: float = 30) -> dict[str, str] | None:
+    """Step id -> step name of the job's running steps; None when the job is gone."""
+    try:
+        out = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], timeout)
+    except SlurmCommandError as e:
+        if "Invalid job id" in str(e):
+            return None
+        raise
+    steps: dict[str, str] = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            steps[parts[0]] = parts[1]
+    return steps
+
+
+def job_state(job_id: str, timeout: float = 30) -> str | None:
+    """SLURM state of the job (``RUNNING``, ``PENDING``...), None when it no longer exists."""
+    try:
+        out = run_slurm(["squeue", "-h", "-j", str(job_id), "-o", "%T"], timeout)
+    except SlurmCommandError as e:
+        if "Invalid job id" in str(e):
+            return None
+        raise
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def cancel_steps(step_ids: Sequence[str], wait: float = 60, job_id: str | None = None) -> None:
+    """Cancel the given steps (one scancel) and wait until squeue no longer lists them."""
+    if not step_ids:
+        return
+    try:
+        run_slurm(["scancel", *step_ids], timeout=30)
+    except SlurmCommandError:
+        pass  # steps that ended meanwhile make scancel complain; the wait below decides
+    if job_id is None:
+        return
+    deadline = time.monotonic() + wait
+    remaining = set(step_ids)
+    while remaining and time.monotonic() < deadline:
+        steps = list_steps(job_id)
+        if steps is None:
+            return
+        remaining &= set(steps)
+        if remaining:
+            time.sleep(0.3)
+    if remaining:
+        raise SlurmCommandError(f"steps {sorted(remaining)} still running {wait:.0f} s after scancel")

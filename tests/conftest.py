@@ -1,0 +1,42 @@
+"""Fixtures: the SLURM test bed, brought up once per session when needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from testbed_support import TESTBED, Testbed, require
+
+TESTBED_DIR = os.environ.get("ERAY_TESTBED_DIR", "/tmp/eray-testbed")
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """A running test bed; reused when one is up, torn down only if this session started it."""
+    if os.geteuid() != 0:
+        require("the SLURM test bed needs root (network namespaces, slurmd)")
+    status = subprocess.run(
+        [str(TESTBED), "--dir", TESTBED_DIR, "status"], capture_output=True, text=True
+    )
+    started = False
+    if status.returncode != 0:
+        up = subprocess.run(
+            [str(TESTBED), "--dir", TESTBED_DIR, "up"], capture_output=True, text=True,
+            timeout=1200,
+        )
+        if up.returncode != 0:
+            require(f"the SLURM test bed did not come up: {up.stderr.strip()[-3000:]}")
+        started = True
+    yield Testbed(TESTBED_DIR)
+    if started:
+        subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "down"], timeout=120)
+
+
+@pytest.fixture
+def allocation(testbed: Testbed) -> Iterator[str]:
+    """A fresh 3-node allocation (2 CPUs, 2 GPUs and 1500 MB per node), cancelled after."""
+    job = testbed.salloc("-N3", "-c2", "--gpus-per-node=2", "--mem=1500", "-J", "eray-test")
+    yield job
+    testbed.cancel(job)

@@ -1,0 +1,78 @@
+"""Helpers for tests that run against the SLURM test bed (scripts/slurm-testbed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTBED = REPO / "scripts" / "slurm-testbed"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def require(reason: str) -> None:
+    """Skip an integration test that cannot run here, but fail it under CI=true."""
+    if IN_CI:
+        pytest.fail(f"integration test cannot run under CI=true: {reason}")
+    pytest.skip(reason)
+
+
+class Testbed:
+    """A handle on a running test bed: its environment and its SLURM commands."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.env = dict(os.environ, SLURM_CONF=f"{root}/etc/slurm.conf")
+
+    def run(self, args: Sequence[str], timeout: float = 60, check: bool = True, **kw):
+        proc = subprocess.run(
+            list(args), env=kw.pop("env", self.env), capture_output=True, text=True,
+            timeout=timeout, stdin=subprocess.DEVNULL, **kw,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
+                f"stderr: {proc.stderr}"
+            )
+        return proc
+
+    def on_node(self, node: str, command: str, timeout: float = 60, check: bool = True):
+        """Run a shell command inside a node's namespaces, as if logged in there."""
+        return self.run(
+            [str(TESTBED), "--dir", self.root, "exec", node, "bash", "-c", command],
+            timeout=timeout, check=check,
+        )
+
+    def salloc(self, *args: str, timeout: float = 60) -> str:
+        """Allocate (``salloc --no-shell``) and return the job id."""
+        proc = self.run(["salloc", "--no-shell", *args], timeout=timeout)
+        m = re.search(r"Granted job allocation (\d+)", proc.stderr + proc.stdout)
+        assert m, f"salloc printed no job id: {proc.stderr}"
+        return m.group(1)
+
+    def cancel(self, job_id: str) -> None:
+        self.run(["scancel", job_id], check=False)
+
+    def scontrol_batch(self, commands: Sequence[str], timeout: float = 120) -> list[list[str]]:
+        """Run many ``scontrol`` commands in one process; one list of output lines each."""
+        script = "".join(f"show hostnames ERAYMARK{i}\n{c}\n" for i, c in enumerate(commands))
+        env = dict(self.env, TERM="dumb", COLUMNS="1000000")
+        proc = subprocess.run(
+            ["scontrol"], input=script, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        results: list[list[str]] = [[] for _ in commands]
+        current = -1
+        for line in proc.stdout.splitlines():
+            if line.startswith("ERAYMARK"):
+                current = int(line[len("ERAYMARK"):])
+            elif line and not line.startswith("scontrol:") and current >= 0:
+                results[current].append(line)
+        assert current == len(commands) - 1, f"scontrol stopped early: {proc.stderr[-2000:]}"
+        return results
