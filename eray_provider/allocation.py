@@ -17,6 +17,10 @@ class AllocationError(ValueError):
     """SLURM facts that are missing, malformed or contradict each other."""
 
 
+class JobGoneError(AllocationError):
+    """The job has ended (or never existed): it holds no nodes any more."""
+
+
 @dataclass(frozen=True)
 class NodeShare:
     """What one node of the allocation gives this job."""
@@ -139,9 +143,7 @@ def parse_gpu_spec(value: str, variable: str) -> tuple[str | None, int]:
         if parts and parts[0] in ("gpu", "gres/gpu"):
             parts = parts[1:]
         if not parts or not parts[-1].isdigit() or len(parts) > 2:
-            raise AllocationError(
-                f"{variable}={value!r}: expected COUNT, TYPE:COUNT or gpu:TYPE:COUNT"
-            )
+            raise AllocationError(f"{variable}={value!r}: expected COUNT, TYPE:COUNT or gpu:TYPE:COUNT")
         total += int(parts[-1])
         types.add(parts[0] if len(parts) == 2 and parts[0] else None)
     gpu_type = types.pop() if len(types) == 1 else None

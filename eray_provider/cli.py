@@ -87,9 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="show the job's nodes, resources and port plan")
     s.add_argument("--job-id", help="a job id (default: the allocation this runs in)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument(
-        "--no-scontrol", action="store_true", help="read the environment only, never scontrol"
-    )
+    s.add_argument("--no-scontrol", action="store_true", help="read the environment only, never scontrol")
     s.set_defaults(func=_cmd_inspect)
     return p
 

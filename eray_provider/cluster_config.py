@@ -69,6 +69,45 @@ def select_nodes(alloc: Allocation, provider: dict[str, Any], max_workers: int) 
     )
 
 
+def gone_config(config: dict[str, Any], job_id: str, reason: str) -> dict[str, Any]:
+    """A valid config for a job that has ended: lets ``ray down`` and friends report the
+    cluster as gone instead of failing on a missing allocation."""
+    out = copy.deepcopy(config)
+    out["provider"].update({"job_id": str(job_id), "job_gone": reason, FILLED: True})
+    out["provider"]["state_dir"] = str(
+        Path(out["provider"].get("state_dir") or default_base()).expanduser().resolve()
+    )
+    types = {HEAD_TYPE: {"resources": {}, "node_config": {}, "min_workers": 0, "max_workers": 0}}
+    _set_launcher_keys(out, types, 0)
+    return out
+
+
+def _set_launcher_keys(out: dict[str, Any], types: dict[str, Any], n_workers: int) -> None:
+    """Every key Ray's launcher reads, with the values a SLURM allocation needs."""
+    out.update(
+        {
+            "max_workers": n_workers,
+            "upscaling_speed": max(float(out.get("upscaling_speed", 0) or 0), 1000.0),
+            "idle_timeout_minutes": out.get("idle_timeout_minutes", 60 * 24 * 365),
+            "available_node_types": types,
+            "head_node_type": HEAD_TYPE,
+            "auth": out.get("auth") or {},
+            "file_mounts": out.get("file_mounts") or {},
+            "cluster_synced_files": out.get("cluster_synced_files") or [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": out.get("rsync_exclude") or [],
+            "rsync_filter": out.get("rsync_filter") or [],
+            "initialization_commands": out.get("initialization_commands") or [],
+            "head_start_ray_commands": [LAUNCH_HEAD],
+            # never run: workers start through the provider (node_run), which runs
+            # setup_commands + worker_setup_commands itself
+            "worker_start_ray_commands": [],
+        }
+    )
+    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
+        out[key] = list(out.get(key) or [])
+
+
 def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = None) -> dict[str, Any]:
     """The launcher config for ``alloc``; idempotent on an already filled config."""
     if config.get("provider", {}).get(FILLED):
@@ -113,29 +152,7 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
             FILLED: True,
         }
     )
-    n_workers = len(alloc.workers)
-    out.update(
-        {
-            "max_workers": n_workers,
-            "upscaling_speed": max(float(out.get("upscaling_speed", 0) or 0), 1000.0),
-            "idle_timeout_minutes": out.get("idle_timeout_minutes", 60 * 24 * 365),
-            "available_node_types": types,
-            "head_node_type": HEAD_TYPE,
-            "auth": out.get("auth") or {},
-            "file_mounts": out.get("file_mounts") or {},
-            "cluster_synced_files": out.get("cluster_synced_files") or [],
-            "file_mounts_sync_continuously": False,
-            "rsync_exclude": out.get("rsync_exclude") or [],
-            "rsync_filter": out.get("rsync_filter") or [],
-            "initialization_commands": out.get("initialization_commands") or [],
-            "head_start_ray_commands": [LAUNCH_HEAD],
-            # never run: workers start through the provider (node_run), which runs
-            # setup_commands + worker_setup_commands itself
-            "worker_start_ray_commands": [],
-        }
-    )
-    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
-        out[key] = list(out.get(key) or [])
+    _set_launcher_keys(out, types, len(alloc.workers))
     # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
     provider["worker_setup_commands"] = out["worker_setup_commands"]
     return out

@@ -128,9 +128,7 @@ class ClusterState:
         if self._cache is None or self._cache[0] != mtime:
             doc = json.loads(self.state_path.read_text())
             if str(doc.get("job_id")) != self.job_id:
-                raise RuntimeError(
-                    f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}"
-                )
+                raise RuntimeError(f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}")
             self._cache = (mtime, doc)
         return self._cache[1]
 

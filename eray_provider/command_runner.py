@@ -111,8 +111,10 @@ class SrunCommandRunner(CommandRunnerInterface):
             # the updater passes variables both as a dict and as `export K=V;` prefixes
             env = dict(_exports(cmd))
             env.update(
-                {str(k): (v if isinstance(v, str) else json.dumps(v, separators=(",", ":")))
-                 for k, v in (environment_variables or {}).items()}
+                {
+                    str(k): (v if isinstance(v, str) else json.dumps(v, separators=(",", ":")))
+                    for k, v in (environment_variables or {}).items()
+                }
             )
             self._launch_head(self.node_id, env)
             return b"" if with_output else ""

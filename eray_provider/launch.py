@@ -55,12 +55,22 @@ def head_address(state: ClusterState) -> str | None:
 
 #: Variables of the process that launches a node which describe *that* process's Ray node
 #: (the head's monitor launches workers): a worker must not inherit them.
-_NODE_SPECIFIC = ("RAY_OVERRIDE_", "RAY_NODE_TYPE_NAME", "RAY_CLOUD_INSTANCE_ID", "RAY_HEAD_IP",
-                  "RAY_ADDRESS", "ERAY_")
+_NODE_SPECIFIC = (
+    "RAY_OVERRIDE_",
+    "RAY_NODE_TYPE_NAME",
+    "RAY_CLOUD_INSTANCE_ID",
+    "RAY_HEAD_IP",
+    "RAY_ADDRESS",
+    "ERAY_",
+)
 
 
 def _node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
     base = {k: v for k, v in os.environ.items() if not k.startswith(_NODE_SPECIFIC)}
+    if "ERAY_USER_TMPDIR" in os.environ:  # launched from inside one of our Ray nodes
+        base.pop("TMPDIR", None)
+        if os.environ["ERAY_USER_TMPDIR"]:
+            base["TMPDIR"] = os.environ["ERAY_USER_TMPDIR"]
     return clean_env(
         base,
         {
@@ -90,7 +100,11 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
         name=f"{step_prefix(state.cluster_name)}probe",
     )
     proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=120, env=clean_env(os.environ),
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(os.environ),
         stdin=subprocess.DEVNULL,
     )
     if proc.returncode != 0:
@@ -144,7 +158,11 @@ def _tail(path, lines: int = 25) -> str:
 
 
 def wait_head_ready(
-    state: ClusterState, node_id: str, proc: subprocess.Popen, log, timeout: float = HEAD_READY_TIMEOUT
+    state: ClusterState,
+    node_id: str,
+    proc: subprocess.Popen,
+    log,
+    timeout: float = HEAD_READY_TIMEOUT,
 ) -> str:
     """Readiness: the head's IP is recorded and its GCS lists it as an alive node."""
     deadline = time.monotonic() + timeout
@@ -177,7 +195,11 @@ def gcs_alive_ips(state: ClusterState, address: str, timeout: float = 30) -> set
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "eray_provider.gcs_probe", address],
-            capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
         return None
@@ -210,12 +232,18 @@ def _remove_temp_dirs(state: ClusterState) -> None:
                 per_node.setdefault(node, []).append(path)
     if not per_node:
         return
-    script = 'case "$SLURMD_NODENAME" in ' + " ".join(
-        f"{shlex.quote(node)}) rm -rf -- {' '.join(map(shlex.quote, paths))};;"
-        for node, paths in per_node.items()
-    ) + " esac"
+    script = (
+        'case "$SLURMD_NODENAME" in '
+        + " ".join(
+            f"{shlex.quote(node)}) rm -rf -- {' '.join(map(shlex.quote, paths))};;"
+            for node, paths in per_node.items()
+        )
+        + " esac"
+    )
     argv = srun_argv(
-        state.job_id, sorted(per_node), ["bash", "-c", script],
+        state.job_id,
+        sorted(per_node),
+        ["bash", "-c", script],
         name=f"{step_prefix(state.cluster_name)}cleanup",
     )
     subprocess.run(

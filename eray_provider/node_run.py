@@ -113,7 +113,8 @@ def main() -> int:
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")
         ip = pick_ip(provider.get("network"))
-        tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-")
+        # not $TMPDIR: the launching node's Ray sets it to its own temp dir
+        tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
         state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
         state.write_marker(node_id, "pid", str(os.getpid()))
         head_address = None
@@ -140,8 +141,10 @@ def main() -> int:
             env,
             **spec.env(),
             HOME=str(state.home),
-            # everything Ray and Python create in temp dirs goes into ours
+            # everything Ray and Python create in temp dirs goes into ours; the user's own
+            # TMPDIR is kept aside for the nodes this one launches (the head's workers)
             TMPDIR=tmp,
+            ERAY_USER_TMPDIR=env.get("ERAY_USER_TMPDIR", env.get("TMPDIR", "")),
             RAY_AUTH_MODE="token",
             RAY_AUTH_TOKEN_PATH=str(state.token_path),
             RAY_CLOUD_INSTANCE_ID=node_id,

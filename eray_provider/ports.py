@@ -176,9 +176,7 @@ def candidates(job_id: str, exclusions: Sequence[tuple[int, int]]) -> list[PortP
     return [plan_for_block(job_id, starts[(first + k) % len(starts)]) for k in range(len(starts))]
 
 
-def choose_plan(
-    job_id: str, exclusions: Sequence[tuple[int, int]], busy: Iterable[int] = ()
-) -> PortPlan:
+def choose_plan(job_id: str, exclusions: Sequence[tuple[int, int]], busy: Iterable[int] = ()) -> PortPlan:
     """The first candidate none of whose ports is in ``busy`` (ports seen taken on a node)."""
     taken = set(busy)
     for plan in candidates(job_id, exclusions):

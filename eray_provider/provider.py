@@ -13,6 +13,7 @@ all nodes (no subprocess per node, no O(N^2)).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -27,8 +28,8 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from .allocation import Allocation, AllocationError
-from .cluster_config import FILLED, fill_config
+from .allocation import Allocation, AllocationError, JobGoneError
+from .cluster_config import FILLED, fill_config, gone_config
 from .cluster_state import ClusterState
 from .command_runner import SrunCommandRunner
 from .launch import (
@@ -47,6 +48,14 @@ logger = logging.getLogger(__name__)
 STEP_CACHE_SECONDS = 5.0
 #: A launched node whose step squeue does not list yet is still starting for this long.
 STEP_GRACE_SECONDS = 30.0
+_CACHES_TO_REMOVE: set[str] = set()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class SlurmNodeProvider(NodeProvider):
@@ -60,19 +69,28 @@ class SlurmNodeProvider(NodeProvider):
         self.python = provider_config.get("python") or "python3"
         self.state = ClusterState(cluster_name, self.job_id, provider_config.get("state_dir"))
         self._steps: tuple[float, dict[str, str] | None] = (0.0, {})
+        if provider_config.get("job_gone"):
+            # SLURM ended every process of the job; what is left is our bookkeeping
+            self.state.remove()
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
-        """Ray caches bootstrapped configs in /tmp by content; a cache from another job is stale."""
+        """Ray caches bootstrapped configs in /tmp keyed by the YAML's content, so a cache
+        written in one job would silently be reused in the next. The cache is removed when
+        this process exits, and a cache from another job (a crash, an older version) is
+        refused and removed."""
         cache = provider_config.get("_config_cache_path")
+        if not cache:
+            return
+        if cache not in _CACHES_TO_REMOVE:
+            _CACHES_TO_REMOVE.add(cache)
+            atexit.register(_unlink_quietly, cache)
         env_job = job_id_from_env(os.environ)
-        if cache and not provider_config.get("job_id_from_config") and env_job not in (
-            None, str(provider_config["job_id"])
+        if not provider_config.get("job_id_from_config") and env_job not in (
+            None,
+            str(provider_config["job_id"]),
         ):
-            try:
-                os.unlink(cache)
-            except OSError:
-                pass
+            _unlink_quietly(cache)
             raise AllocationError(
                 f"Ray's cached config {cache} is for job {provider_config['job_id']}, but this "
                 f"is job {env_job}; the stale cache was removed: run the command again "
@@ -87,12 +105,19 @@ class SlurmNodeProvider(NodeProvider):
         if provider.get(FILLED):
             return cluster_config
         job = provider.get("job_id")
-        if job is not None:
-            provider["job_id_from_config"] = True
-        alloc = load_allocation(str(job) if job is not None else None)
-        if alloc.state not in (None, "RUNNING"):
-            raise AllocationError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
-        return fill_config(cluster_config, alloc)
+        try:
+            alloc = load_allocation(str(job) if job is not None else None)
+            if alloc.state not in (None, "RUNNING"):
+                raise JobGoneError(f"job {alloc.job_id} is {alloc.state}")
+        except JobGoneError as e:
+            logger.warning("%s: the cluster on it is gone", e)
+            job_id = str(job) if job is not None else job_id_from_env(os.environ)
+            filled = gone_config(cluster_config, str(job_id), str(e))
+            filled["provider"]["job_id_from_config"] = job is not None
+            return filled
+        filled = fill_config(cluster_config, alloc)
+        filled["provider"]["job_id_from_config"] = job is not None
+        return filled
 
     @staticmethod
     def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +201,8 @@ class SlurmNodeProvider(NodeProvider):
         return Allocation.from_dict(self.provider_config["allocation"])
 
     def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
+        if self.provider_config.get("job_gone"):
+            raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
         wanted = list(node_config.get("slurm_nodes") or [])
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             self._create_head(wanted[0], tags)
@@ -293,8 +320,13 @@ class SlurmNodeProvider(NodeProvider):
         if not pid or not pid.isdigit():
             return
         argv = srun_argv(self.job_id, [rec["slurm_node"]], ["kill", "-TERM", pid])
-        subprocess.run(argv, env=clean_env(os.environ), capture_output=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+        subprocess.run(
+            argv,
+            env=clean_env(os.environ),
+            capture_output=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
 
     # ------------------------------------------------------------------ runner
     def get_command_runner(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
+from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, parse_gpu_spec
 from .hostlist import HostlistError, expand
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=(\S*)")
@@ -109,22 +109,17 @@ def parse_job(text: str) -> Allocation:
                         prev.cpus + cpus,
                         prev.gpus + gpus,
                         prev.gpu_type or share.gpu_type,
-                        None
-                        if prev.memory_mb is None or memory is None
-                        else prev.memory_mb + memory,
+                        None if prev.memory_mb is None or memory is None else prev.memory_mb + memory,
                         None,
                     )
                 nodes[name] = share
         if not nodes and state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
             # a pending or ended job holds no nodes: say so rather than fail obscurely
-            raise AllocationError(
-                f"job {job_id} is {state or 'in an unknown state'}: it holds no nodes"
-            )
+            err = JobGoneError if state not in ("PENDING", "CONFIGURING", "") else AllocationError
+            raise err(f"job {job_id} is {state or 'in an unknown state'}: it holds no nodes")
 
     # order of the job's NodeList, which is node-list order
-    order = (
-        expand(first.get("NodeList", "")) if first.get("NodeList") not in (None, "(null)") else []
-    )
+    order = expand(first.get("NodeList", "")) if first.get("NodeList") not in (None, "(null)") else []
     for fields, _ in parsed[1:]:
         order += [n for n in expand(fields.get("NodeList", "")) if n not in order]
     if not nodes:

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from .allocation import Allocation, AllocationError
+from .allocation import Allocation, AllocationError, JobGoneError
 from .scontrol import parse_config, parse_job, parse_port_range
 from .slurm_env import allocation_from_env, job_id_from_env
 
@@ -41,7 +41,14 @@ def run_slurm(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
 
 
 def scontrol_job(job_id: str, timeout: float = DEFAULT_TIMEOUT) -> Allocation:
-    return parse_job(run_slurm(["scontrol", "show", "job", "-d", str(job_id)], timeout))
+    """The job as scontrol sees it; ``JobGoneError`` when the controller no longer knows it."""
+    try:
+        text = run_slurm(["scontrol", "show", "job", "-d", str(job_id)], timeout)
+    except SlurmCommandError as e:
+        if "Invalid job id" in str(e):
+            raise JobGoneError(f"job {job_id} does not exist (any more): {e}") from e
+        raise
+    return parse_job(text)
 
 
 def load_allocation(
@@ -60,9 +67,7 @@ def load_allocation(
     env_job = job_id_from_env(env)
     job_id = str(job_id) if job_id is not None else env_job
     if job_id is None:
-        raise AllocationError(
-            "not inside a SLURM allocation (SLURM_JOB_ID is not set) and no job id given"
-        )
+        raise AllocationError("not inside a SLURM allocation (SLURM_JOB_ID is not set) and no job id given")
     scontrol_error: Exception | None = None
     if use_scontrol:
         try:

@@ -61,9 +61,7 @@ def _memory_mb(var: str, value: str) -> int:
 def _component(env: Mapping[str, str], suffix: str, label: str) -> list[NodeShare]:
     found = _get(env, NODELIST_VARIABLES, suffix)
     if found is None:
-        raise AllocationError(
-            f"SLURM_JOB_NODELIST{suffix} is not set{label}: cannot tell the job's nodes"
-        )
+        raise AllocationError(f"SLURM_JOB_NODELIST{suffix} is not set{label}: cannot tell the job's nodes")
     var, value = found
     try:
         names = expand(value)

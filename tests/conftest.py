@@ -17,13 +17,13 @@ def testbed() -> Iterator[Testbed]:
     """A running test bed; reused when one is up, torn down only if this session started it."""
     if os.geteuid() != 0:
         require("the SLURM test bed needs root (network namespaces, slurmd)")
-    status = subprocess.run(
-        [str(TESTBED), "--dir", TESTBED_DIR, "status"], capture_output=True, text=True
-    )
+    status = subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "status"], capture_output=True, text=True)
     started = False
     if status.returncode != 0:
         up = subprocess.run(
-            [str(TESTBED), "--dir", TESTBED_DIR, "up"], capture_output=True, text=True,
+            [str(TESTBED), "--dir", TESTBED_DIR, "up"],
+            capture_output=True,
+            text=True,
             timeout=1200,
         )
         if up.returncode != 0:

@@ -39,11 +39,14 @@ def test_single_node() -> None:
 
 def test_run_length_cpus_and_mem_per_cpu() -> None:
     a = allocation_from_env(
-        env(SLURM_JOB_NODELIST="gpu[01-02],cpu7", SLURM_JOB_CPUS_PER_NODE="72(x2),36",
-            SLURM_MEM_PER_CPU="100")
+        env(
+            SLURM_JOB_NODELIST="gpu[01-02],cpu7", SLURM_JOB_CPUS_PER_NODE="72(x2),36", SLURM_MEM_PER_CPU="100"
+        )
     )
     assert shares(a) == [
-        ("gpu01", 72, 0, None, 7200), ("gpu02", 72, 0, None, 7200), ("cpu7", 36, 0, None, 3600)
+        ("gpu01", 72, 0, None, 7200),
+        ("gpu02", 72, 0, None, 7200),
+        ("cpu7", 36, 0, None, 3600),
     ]
     assert [w.name for w in a.workers] == ["gpu02", "cpu7"]
 
@@ -51,7 +54,9 @@ def test_run_length_cpus_and_mem_per_cpu() -> None:
 def test_one_cpu_times_three() -> None:
     a = allocation_from_env(env(SLURM_JOB_NODELIST="node[1-3]", SLURM_JOB_CPUS_PER_NODE="1(x3)"))
     assert [(n.name, n.cpus, n.memory_mb) for n in a.nodes] == [
-        ("node1", 1, None), ("node2", 1, None), ("node3", 1, None)
+        ("node1", 1, None),
+        ("node2", 1, None),
+        ("node3", 1, None),
     ]
 
 
@@ -60,8 +65,9 @@ def test_one_cpu_times_three() -> None:
     [("4", 4, None), ("a100:4", 4, "a100"), ("gpu:a100:4", 4, "a100"), ("gpu:2", 2, None)],
 )
 def test_gpus_per_node_forms(value: str, gpus: int, gpu_type: str | None) -> None:
-    a = allocation_from_env(env(SLURM_JOB_NODELIST="n[1-2]", SLURM_JOB_CPUS_PER_NODE="8(x2)",
-                                SLURM_GPUS_PER_NODE=value))
+    a = allocation_from_env(
+        env(SLURM_JOB_NODELIST="n[1-2]", SLURM_JOB_CPUS_PER_NODE="8(x2)", SLURM_GPUS_PER_NODE=value)
+    )
     assert {(n.gpus, n.gpu_type) for n in a.nodes} == {(gpus, gpu_type)}
 
 
@@ -78,9 +84,7 @@ def test_total_gpus_without_layout_is_an_error() -> None:
 def test_heterogeneous_job_from_real_salloc() -> None:
     a = allocation_from_env(read_env("het_salloc.env"))
     assert a.job_id == "4" and a.partition == "debug" and a.cluster == "eraytest"
-    assert shares(a) == [
-        ("node1", 2, 0, None, 1000), ("node2", 2, 0, None, 1000), ("node3", 1, 2, None, 700)
-    ]
+    assert shares(a) == [("node1", 2, 0, None, 1000), ("node2", 2, 0, None, 1000), ("node3", 1, 2, None, 700)]
 
 
 def test_typed_gpus_from_real_salloc() -> None:
@@ -91,8 +95,11 @@ def test_typed_gpus_from_real_salloc() -> None:
 @pytest.mark.parametrize(
     ("overrides", "variable", "value"),
     [
-        ({"SLURM_JOB_CPUS_PER_NODE": "72(x2)", "SLURM_JOB_NODELIST": "n[1-3]"},
-         "SLURM_JOB_CPUS_PER_NODE", "72(x2)"),
+        (
+            {"SLURM_JOB_CPUS_PER_NODE": "72(x2)", "SLURM_JOB_NODELIST": "n[1-3]"},
+            "SLURM_JOB_CPUS_PER_NODE",
+            "72(x2)",
+        ),
         ({"SLURM_JOB_CPUS_PER_NODE": "lots"}, "SLURM_JOB_CPUS_PER_NODE", "lots"),
         ({"SLURM_JOB_NODELIST": "n[3-1]"}, "SLURM_JOB_NODELIST", "n[3-1]"),
         ({"SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID", "abc"),
@@ -118,8 +125,9 @@ def test_missing_variables_are_named(missing: str) -> None:
 
 
 def test_step_nodelist_prefers_job_wide_variable() -> None:
-    a = allocation_from_env(env(SLURM_JOB_NODELIST="node2", SLURM_NODELIST="node[1-3]",
-                                SLURM_JOB_CPUS_PER_NODE="2(x3)"))
+    a = allocation_from_env(
+        env(SLURM_JOB_NODELIST="node2", SLURM_NODELIST="node[1-3]", SLURM_JOB_CPUS_PER_NODE="2(x3)")
+    )
     assert a.node_names == ["node1", "node2", "node3"]
 
 
@@ -127,7 +135,9 @@ def test_scontrol_heterogeneous_record() -> None:
     a = parse_job((DATA / "het_job.scontrol").read_text())
     assert a.job_id == "4" and a.state == "RUNNING" and a.source == "scontrol"
     assert shares(a) == [
-        ("node1", 2, 0, None, 1000), ("node2", 2, 0, None, 1000), ("node3", 1, 2, "testgpu", 700)
+        ("node1", 2, 0, None, 1000),
+        ("node2", 2, 0, None, 1000),
+        ("node3", 1, 2, "testgpu", 700),
     ]
     assert a.nodes[2].gpu_ids == (0, 1)
 
@@ -181,19 +191,32 @@ def test_json_round_trip() -> None:
 def run_cli(*args: str, env_vars: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "eray_provider.cli", *args],
-        capture_output=True, text=True, env={"PATH": "/nonexistent", **env_vars}, timeout=60,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent", **env_vars},
+        timeout=60,
     )
 
 
 def test_cli_inspect_json_from_environment() -> None:
-    e = env(SLURM_JOB_NODELIST="n[1-2],m1", SLURM_JOB_CPUS_PER_NODE="72(x2),36",
-            SLURM_GPUS_PER_NODE="gpu:a100:4", SLURM_MEM_PER_CPU="10")
+    e = env(
+        SLURM_JOB_NODELIST="n[1-2],m1",
+        SLURM_JOB_CPUS_PER_NODE="72(x2),36",
+        SLURM_GPUS_PER_NODE="gpu:a100:4",
+        SLURM_MEM_PER_CPU="10",
+    )
     proc = run_cli("inspect", "--json", env_vars=e)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["job_id"] == "77" and doc["head"] == "n1"
-    assert doc["nodes"][2] == {"name": "m1", "cpus": 36, "gpus": 4, "gpu_type": "a100",
-                               "memory_mb": 360, "gpu_ids": None}
+    assert doc["nodes"][2] == {
+        "name": "m1",
+        "cpus": 36,
+        "gpus": 4,
+        "gpu_type": "a100",
+        "memory_mb": 360,
+        "gpu_ids": None,
+    }
     assert doc["ports"]["gcs"] == doc["ports"]["block_start"]
     table = run_cli("inspect", env_vars=e)
     assert "m1" in table.stdout and "worker" in table.stdout and "a100" in table.stdout

@@ -31,7 +31,14 @@ SCONTROL_HOSTNAMES = {
     "n[1]": ["n1"],
     # three groups: the middle one is the outermost loop in Slurm
     "a[1-2]b[3-4]c[5-6]": [
-        "a1b3c5", "a1b3c6", "a2b3c5", "a2b3c6", "a1b4c5", "a1b4c6", "a2b4c5", "a2b4c6",
+        "a1b3c5",
+        "a1b3c6",
+        "a2b3c5",
+        "a2b3c6",
+        "a1b4c5",
+        "a1b4c6",
+        "a2b4c5",
+        "a2b4c6",
     ],
 }
 # Accepted by newer Slurm and python-hostlist (22.05 rejects it).

@@ -40,17 +40,17 @@ def test_nodes_have_private_tmp_and_reach_each_other(testbed: Testbed) -> None:
             "c,_=s.accept();c.sendall(b'hi-from-node2');c.close()"
         )
         listener = subprocess.Popen(
-            ["scripts/slurm-testbed", "--dir", testbed.root, "exec", "node2", sys.executable,
-             "-c", code], cwd=str(__import__("testbed_support").REPO),
+            ["scripts/slurm-testbed", "--dir", testbed.root, "exec", "node2", sys.executable, "-c", code],
+            cwd=str(__import__("testbed_support").REPO),
         )
         try:
             got = testbed.on_node(
                 "node1",
-                f"{sys.executable} -c \"import socket,time\n"
+                f'{sys.executable} -c "import socket,time\n'
                 "for i in range(100):\n"
                 "  try:\n    s=socket.create_connection(('node2',47123),timeout=2);break\n"
                 "  except OSError: time.sleep(0.1)\n"
-                "print(s.recv(100).decode())\"",
+                'print(s.recv(100).decode())"',
             ).stdout
             assert got.strip() == "hi-from-node2"
         finally:
@@ -61,8 +61,14 @@ def test_nodes_have_private_tmp_and_reach_each_other(testbed: Testbed) -> None:
 
 def test_gpu_variables(testbed: Testbed) -> None:
     out = testbed.run(
-        ["srun", "-N3", "--gpus-per-node=2", "bash", "-c",
-         "echo $(hostname) $CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE"]
+        [
+            "srun",
+            "-N3",
+            "--gpus-per-node=2",
+            "bash",
+            "-c",
+            "echo $(hostname) $CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE",
+        ]
     ).stdout
     rows = sorted(line.split() for line in out.splitlines())
     assert [r[0] for r in rows] == ["node1", "node2", "node3"]
@@ -72,14 +78,12 @@ def test_gpu_variables(testbed: Testbed) -> None:
 
 def test_allocation_from_salloc_env_agrees_with_scontrol(testbed: Testbed) -> None:
     dump = (
-        f"{sys.executable} -c \"import json,os,subprocess;"
+        f'{sys.executable} -c "import json,os,subprocess;'
         "print(json.dumps({'env': dict(os.environ), 'scontrol': subprocess.run("
         "['scontrol','show','job','-d',os.environ['SLURM_JOB_ID']],capture_output=True,"
-        "text=True).stdout}))\""
+        'text=True).stdout}))"'
     )
-    proc = testbed.run(
-        ["salloc", "-N3", "-c2", "--gpus-per-node=2", "--mem-per-cpu=300", "bash", "-c", dump]
-    )
+    proc = testbed.run(["salloc", "-N3", "-c2", "--gpus-per-node=2", "--mem-per-cpu=300", "bash", "-c", dump])
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     from_env = allocation_from_env(doc["env"])
     from_scontrol = parse_job(doc["scontrol"])
@@ -90,8 +94,13 @@ def test_allocation_from_salloc_env_agrees_with_scontrol(testbed: Testbed) -> No
 
 
 def test_login_side_reads_job_through_scontrol(testbed: Testbed, allocation: str) -> None:
-    alloc = load_allocation(allocation, env={"SLURM_CONF": testbed.env["SLURM_CONF"], **{
-        k: v for k, v in testbed.env.items() if not k.startswith("SLURM_JOB")}})
+    alloc = load_allocation(
+        allocation,
+        env={
+            "SLURM_CONF": testbed.env["SLURM_CONF"],
+            **{k: v for k, v in testbed.env.items() if not k.startswith("SLURM_JOB")},
+        },
+    )
     assert alloc.source == "scontrol" and alloc.job_id == allocation
     assert [(n.name, n.cpus, n.gpus, n.memory_mb) for n in alloc.nodes] == [
         (f"node{k}", 2, 2, 1500) for k in (1, 2, 3)
@@ -107,9 +116,21 @@ def test_login_side_reads_job_through_scontrol(testbed: Testbed, allocation: str
 def test_scancel_kills_daemonized_process(testbed: Testbed, allocation: str) -> None:
     tag = f"eray-daemon-{random.randrange(10**9)}"
     step = subprocess.Popen(
-        ["srun", f"--jobid={allocation}", "--overlap", "-N1", "-n1", "-w", "node2", "bash", "-c",
-         f"setsid nohup bash -c 'exec -a {tag} sleep 600' >/dev/null 2>&1 < /dev/null & sleep 600"],
-        env=testbed.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "srun",
+            f"--jobid={allocation}",
+            "--overlap",
+            "-N1",
+            "-n1",
+            "-w",
+            "node2",
+            "bash",
+            "-c",
+            f"setsid nohup bash -c 'exec -a {tag} sleep 600' >/dev/null 2>&1 < /dev/null & sleep 600",
+        ],
+        env=testbed.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 30

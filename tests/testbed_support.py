@@ -33,13 +33,17 @@ class Testbed:
 
     def run(self, args: Sequence[str], timeout: float = 60, check: bool = True, **kw):
         proc = subprocess.run(
-            list(args), env=kw.pop("env", self.env), capture_output=True, text=True,
-            timeout=timeout, stdin=subprocess.DEVNULL, **kw,
+            list(args),
+            env=kw.pop("env", self.env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            **kw,
         )
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"{' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
-                f"stderr: {proc.stderr}"
+                f"{' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
             )
         return proc
 
@@ -47,7 +51,8 @@ class Testbed:
         """Run a shell command inside a node's namespaces, as if logged in there."""
         return self.run(
             [str(TESTBED), "--dir", self.root, "exec", node, "bash", "-c", command],
-            timeout=timeout, check=check,
+            timeout=timeout,
+            check=check,
         )
 
     def salloc(self, *args: str, timeout: float = 60) -> str:
@@ -71,7 +76,7 @@ class Testbed:
         current = -1
         for line in proc.stdout.splitlines():
             if line.startswith("ERAYMARK"):
-                current = int(line[len("ERAYMARK"):])
+                current = int(line[len("ERAYMARK") :])
             elif line and not line.startswith("scontrol:") and current >= 0:
                 results[current].append(line)
         assert current == len(commands) - 1, f"scontrol stopped early: {proc.stderr[-2000:]}"

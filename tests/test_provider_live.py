@@ -1,0 +1,116 @@
+"""SlurmNodeProvider on the real test bed: ray up/exec/submit/attach/down, v1 and v2, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from ray_cluster_support import Cluster, node_tmp_entries, run_attach, wait_gone
+from testbed_support import Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+SHARE = {"CPU": 2.0, "GPU": 2.0, "memory": 3000 * 2**20 - int(0.3 * 3000 * 2**20)}
+
+
+@pytest.fixture
+def ray_job(testbed: Testbed):
+    job = testbed.salloc("-N3", "-c2", "--gpus-per-node=2", "--mem=3000", "-J", "eray-ray-test")
+    yield job
+    testbed.cancel(job)
+
+
+def test_config_asking_for_more_than_the_allocation_fails_first(testbed, ray_job, tmp_path) -> None:
+    too_many = Cluster(testbed, ray_job, tmp_path, "toomany", max_workers=5)
+    proc = too_many.up(env=None) if False else too_many.ray("up", "-y", str(too_many.config), check=False)
+    assert proc.returncode != 0
+    assert (
+        "max_workers: 5" in proc.stdout + proc.stderr and "node1, node2, node3" in proc.stdout + proc.stderr
+    )
+    outside = Cluster(testbed, ray_job, tmp_path, "outside", provider={"nodes": "node[1-2],node9"})
+    proc = outside.ray("up", "-y", str(outside.config), check=False)
+    assert proc.returncode != 0 and "['node9']" in proc.stdout + proc.stderr
+    steps = testbed.run(["squeue", "-h", "-s", "-j", ray_job, "-o", "%j"]).stdout
+    assert "eray." not in steps
+    assert not too_many.state_dir.exists() and not outside.state_dir.exists()
+
+
+def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
+    cluster = Cluster(testbed, ray_job, tmp_path, "life")
+    try:
+        cluster.up()
+        nodes = cluster.wait_nodes(3)
+        by_node = {n["labels"]["slurm-node"]: n for n in nodes}
+        assert sorted(by_node) == ["node1", "node2", "node3"]
+        head_ip = cluster.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1].split(":")[0]
+        assert by_node["node1"]["ip"] == head_ip
+        for name, node in by_node.items():
+            res = node["resources"]
+            assert {k: res[k] for k in SHARE} == SHARE, (name, res)
+            assert res[f"slurm_node:{name}"] == 1.0 and res["accelerator_type:TESTGPU"] == 1.0
+            assert node["labels"]["slurm-job"] == ray_job
+            assert not node["ip"].startswith("127.")
+
+        status = cluster.exec("ray status").stdout
+        assert "6.0 CPU" in status or "0.0/6.0 CPU" in status
+
+        out = cluster.ray("submit", str(cluster.config), "examples/per_node.py").stdout
+        assert sorted(line.split()[1] for line in out.splitlines() if line.startswith("NODE ")) == [
+            "node1",
+            "node2",
+            "node3",
+        ]
+
+        attached = run_attach(cluster, ["echo ATTACHED-$(hostname)-$RAY_AUTH_MODE"])
+        assert "ATTACHED-node1-token" in attached
+
+        # the same cluster driven from the login side with provider.job_id
+        login = Cluster(testbed, ray_job, tmp_path, "life", login_side=True)
+        assert "SLURM_JOB_ID" not in login.env
+        assert login.exec("hostname").stdout.strip().splitlines()[-1] == "node1"
+
+        # a worker's raylet dies: the autoscaler replaces the node
+        dead = by_node["node3"]["id"]
+        tmp3 = node_tmp_entries(testbed, "node3", ray_job)
+        assert tmp3, "node3 has no temp dir of the job"
+        raylet = testbed.run(["pgrep", "-f", f"raylet.*{tmp3[0]}"]).stdout.split()[0]
+        os.kill(int(raylet), signal.SIGKILL)
+        replaced = cluster.wait_nodes(3, timeout=120, exclude={dead})
+        assert "node3" in {n["labels"]["slurm-node"] for n in replaced}
+
+        cluster.down()
+        assert wait_gone(ray_job, "life") == []
+        for node in ("node1", "node2", "node3"):
+            assert node_tmp_entries(testbed, node, ray_job) == []
+        assert not cluster.state_dir.exists()
+        assert cluster.down().returncode == 0  # twice is harmless
+    finally:
+        cluster.down(check=False)
+
+
+def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:
+    cluster = Cluster(testbed, ray_job, tmp_path, "vone")
+    cluster.env["RAY_UP_enable_autoscaler_v2"] = "0"
+    try:
+        cluster.up()
+        nodes = cluster.wait_nodes(3)
+        assert sorted(n["labels"]["slurm-node"] for n in nodes) == ["node1", "node2", "node3"]
+        monitor = cluster.exec(
+            "cat /proc/$(pgrep -f autoscaler/_private/monitor.py | head -1)/environ "
+            "| tr '\\0' '\\n' | grep -c '^RAY_enable_autoscaler_v2=1' || true"
+        ).stdout
+        assert monitor.strip().splitlines()[-1] == "0"
+    finally:
+        cluster.down(check=False)
+    assert wait_gone(ray_job, "vone") == []
+
+
+def test_scancel_of_job_with_live_cluster_leaves_no_process(testbed, ray_job, tmp_path) -> None:
+    cluster = Cluster(testbed, ray_job, tmp_path, "cancelled")
+    cluster.up()
+    cluster.wait_nodes(3)
+    testbed.cancel(ray_job)
+    assert wait_gone(ray_job, "cancelled", timeout=60) == []
+    # the cluster whose job has ended is reported as gone, not as an error
+    assert cluster.down(check=False).returncode == 0
