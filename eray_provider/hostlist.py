@@ -26,6 +26,8 @@ MAX_NAMES = 1_000_000
 
 _SEPARATORS = frozenset(", \t\n")
 _NUMBER = re.compile(r"\d+")
+_BODY = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
+_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
 _TRAILING_DIGITS = re.compile(r"\d*\Z")
 _COUNT_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?\Z")
 
@@ -75,6 +77,16 @@ def _tokens(expr: str) -> list[tuple[int, str]]:
 def _parse_ranges(expr: str, offset: int, body: str) -> list[tuple[int, int, int]]:
     """The (lo, hi, width) ranges of one bracket body that starts at ``offset``."""
     ranges: list[tuple[int, int, int]] = []
+    if _BODY.fullmatch(body):  # the common, valid case in one pass
+        for lo_text, hi_text in _ITEM.findall(body):
+            lo = int(lo_text)
+            hi = int(hi_text) if hi_text else lo
+            if lo > hi:
+                break
+            ranges.append((lo, hi, len(lo_text)))
+        else:
+            return ranges
+    # find the offending item for the message
     pos = offset
     for item in body.split(","):
         lo_text, dash, hi_text = item.partition("-")
@@ -82,13 +94,10 @@ def _parse_ranges(expr: str, offset: int, body: str) -> list[tuple[int, int, int
             raise HostlistError(expr, pos, "empty range")
         if not _NUMBER.fullmatch(lo_text) or (dash and not _NUMBER.fullmatch(hi_text)):
             raise HostlistError(expr, pos, f"range {item!r} is not a number or lo-hi")
-        lo = int(lo_text)
-        hi = int(hi_text) if dash else lo
-        if lo > hi:
+        if int(lo_text) > int(hi_text or lo_text):
             raise HostlistError(expr, pos, f"range {item!r} has lo > hi")
-        ranges.append((lo, hi, len(lo_text)))
         pos += len(item) + 1
-    return ranges
+    raise AssertionError(f"unreachable: {body!r}")
 
 
 def _expand_token(expr: str, offset: int, token: str) -> list[str]:
@@ -121,7 +130,18 @@ def _expand_token(expr: str, offset: int, token: str) -> list[str]:
     suffix = literals[-1]
 
     def with_prefix(prefix: str) -> list[str]:
-        return [f"{prefix}{n:0{w}d}{suffix}" for lo, hi, w in last for n in range(lo, hi + 1)]
+        out: list[str] = []
+        formats: dict[int, str] = {}
+        for lo, hi, w in last:
+            # printf-style formatting is the fastest way to pad in CPython
+            fmt = formats.get(w)
+            if fmt is None:
+                fmt = formats[w] = prefix.replace("%", "%%") + f"%0{w}d" + suffix.replace("%", "%%")
+            if lo == hi:
+                out.append(fmt % lo)
+            else:
+                out += [fmt % n for n in range(lo, hi + 1)]
+        return out
 
     def substitute(template_literals: list[str], template_groups: list) -> list[str]:
         if not template_groups:
