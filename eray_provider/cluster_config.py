@@ -27,7 +27,7 @@ from .node_spec import (
 
 #: The head's start command: the command runner recognises it and launches the head's
 #: long-lived step from the launcher host instead of running it inside a short step.
-LAUNCH_HEAD = "eray-provider-launch-head"
+LAUNCH_HEAD = "eray-provider-launch-head --autoscaling-config=~/ray_bootstrap_config.yaml"
 FILLED = "_eray_filled"
 
 

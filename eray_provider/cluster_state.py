@@ -73,6 +73,7 @@ class ClusterState:
         self.base = Path(base) if base else default_base()
         self.dir = self.base / f"{cluster_name}-{self.job_id}"
         self._cache: tuple[float, dict[str, Any]] | None = None
+        self._lock: FileLock | None = None
 
     # ---------------------------------------------------------------- paths
     @property
@@ -98,10 +99,13 @@ class ClusterState:
     def exists(self) -> bool:
         return self.state_path.exists()
 
-    def lock(self, timeout: float = 60) -> FileLock:
-        ensure_private_dir(self.base)
-        ensure_private_dir(self.dir)
-        return FileLock(str(self.dir / ".lock"), timeout=timeout)
+    def lock(self, timeout: float = 60):
+        """The cluster's lock, reentrant within a thread (one FileLock per state object)."""
+        if self._lock is None:
+            ensure_private_dir(self.base)
+            ensure_private_dir(self.dir)
+            self._lock = FileLock(str(self.dir / ".lock"))
+        return self._lock.acquire(timeout=timeout)
 
     def create(self) -> None:
         """Create the directory tree, a fresh token and empty state (idempotent)."""
@@ -117,6 +121,7 @@ class ClusterState:
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
         self._cache = None
+        self._lock = None
 
     # ---------------------------------------------------------------- state.json
     def read(self) -> dict[str, Any]:

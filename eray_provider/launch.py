@@ -9,6 +9,7 @@ whatever the batch size. Teardown cancels exactly this cluster's steps (named
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -118,14 +119,23 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
 def launch_head(
     state: ClusterState, node_id: str, slurm_node: str, extra_env: Mapping[str, str], python: str
 ) -> str:
-    """Start the head's step and wait until its GCS reports it alive; returns ``ip:port``."""
-    rec = state.read()["nodes"][node_id]
-    name = f"{step_prefix(state.cluster_name)}head.{rec['gen']}"
-    argv = srun_argv(state.job_id, [slurm_node], [python, "-m", "eray_provider.node_run"], name=name)
-    env = _node_env(state, "head", {slurm_node: node_id}, extra_env)
+    """Start the head's step and wait until its GCS reports it alive; returns ``ip:port``.
+
+    Idempotent: a second ``ray up`` (or two racing ones) finds the head launched and only
+    waits for it, so there is never a second head.
+    """
     log = state.logs / f"{node_id}.log"
-    proc = launch_detached(argv, log, env)
-    _mark_launched(state, [node_id], name)
+    with state.lock(timeout=120):
+        doc = state.read()
+        rec = doc["nodes"][node_id]
+        proc = None
+        if not rec.get("launched") or state.read_marker(node_id, "exit") is not None:
+            name = f"{step_prefix(state.cluster_name)}head.{rec['gen']}"
+            argv = srun_argv(state.job_id, [slurm_node], [python, "-m", "eray_provider.node_run"], name=name)
+            proc = launch_detached(argv, log, _node_env(state, "head", {slurm_node: node_id}, extra_env))
+            doc = json.loads(json.dumps(doc))
+            doc["nodes"][node_id].update(step_name=name, launched=time.time())
+            state.write(doc)
     return wait_head_ready(state, node_id, proc, log)
 
 
@@ -169,7 +179,7 @@ def wait_head_ready(
     plan = state.ports()
     assert plan is not None
     while time.monotonic() < deadline:
-        if proc.poll() is not None or state.read_marker(node_id, "exit") is not None:
+        if (proc is not None and proc.poll() is not None) or state.read_marker(node_id, "exit") is not None:
             raise LaunchError(f"the head's Ray exited during start; {log}:\n{_tail(log)}")
         ip = state.read_marker(node_id, "ip")
         if ip and _port_open(ip, plan.gcs):

@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 STEP_CACHE_SECONDS = 5.0
 #: A launched node whose step squeue does not list yet is still starting for this long.
 STEP_GRACE_SECONDS = 30.0
+#: How long a node also answers to the tags a racing create_node asked for.
+REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
 
 
@@ -163,10 +165,19 @@ class SlurmNodeProvider(NodeProvider):
         for node_id, rec in records.items():
             if not self._alive(node_id, rec, markers, steps):
                 continue
-            tags = rec["tags"]
-            if all(tags.get(k) == v for k, v in tag_filters.items()):
+            if self._matches(rec, tag_filters):
                 out.append(node_id)
         return out
+
+    @staticmethod
+    def _matches(rec: dict[str, Any], tag_filters: dict[str, str]) -> bool:
+        """Tags match; a node also matches, for a while, the tags it was last requested
+        with, because ``ray up`` looks a new head up by the exact tags it asked for."""
+        candidates = [rec["tags"]]
+        requested = rec.get("requested")
+        if requested and time.time() - requested["at"] < REQUESTED_TAGS_SECONDS:
+            candidates.append(requested["tags"])
+        return any(all(t.get(k) == v for k, v in tag_filters.items()) for t in candidates)
 
     def is_running(self, node_id: str) -> bool:
         rec = self._records().get(node_id)
@@ -216,9 +227,15 @@ class SlurmNodeProvider(NodeProvider):
             raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
         with state.lock(timeout=300):
             state.create()
-            live = [i for i in self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})]
+            live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
             if live:
+                # a racing `ray up` created it: let this caller find it under its own tags
                 logger.info("head %s already exists", live[0])
+
+                def adopt(doc):
+                    doc["nodes"][live[0]]["requested"] = {"tags": dict(tags), "at": time.time()}
+
+                state.update(adopt)
                 return live[0]
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})

@@ -89,7 +89,7 @@ def cluster_pids(job_id: str, cluster: str) -> list[int]:
         except OSError:
             continue
         mine = f"ERAY_JOB_ID={job_id}".encode() in environ and f"ERAY_CLUSTER={cluster}".encode() in environ
-        if mine or f"eray.{cluster}." in cmd:
+        if mine or (f"eray.{cluster}." in cmd and f"--jobid={job_id} " in cmd):
             found.append(int(entry.name))
     return found
 

@@ -1,0 +1,145 @@
+"""Two clusters of two jobs on the same nodes, token authentication, socket binding, racing ray up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import threading
+
+import pytest
+from ray_cluster_support import Cluster, cluster_pids, wait_gone
+from testbed_support import Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+WORK = (
+    "import ray; ray.init(); "
+    "print('SUM', sum(ray.get([ray.remote(lambda x: x * x).remote(i) for i in range(20)])))"
+)
+
+
+def job(testbed: Testbed) -> str:
+    return testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-iso")
+
+
+def listeners(testbed: Testbed, node: str) -> list[tuple[str, int, str]]:
+    """(address, port, process) of every listening TCP socket in the node's namespace."""
+    out = testbed.on_node(node, "ss -ltnpH").stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        addr, _, port = parts[3].rpartition(":")
+        proc = parts[5].split('"')[1] if len(parts) > 5 and '"' in parts[5] else "?"
+        rows.append((addr, int(port), proc))
+    return rows
+
+
+def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_path) -> None:
+    job_a, job_b = job(testbed), job(testbed)
+    a = Cluster(testbed, job_a, tmp_path, "shared")
+    b = Cluster(testbed, job_b, tmp_path / "b", "shared") if (tmp_path / "b").mkdir() is None else None
+    try:
+        a.up()
+        b.up()
+        a.wait_nodes(3)
+        b.wait_nodes(3)
+        plan_a = json.loads((a.state_dir / "ports.json").read_text())
+        plan_b = json.loads((b.state_dir / "ports.json").read_text())
+        ports_a = {v for k, v in plan_a.items() if k not in ("job_id", "jax_count")}
+        ports_b = {v for k, v in plan_b.items() if k not in ("job_id", "jax_count")}
+        assert not ports_a & ports_b
+        for cluster in (a, b):
+            assert "SUM 2470" in cluster.exec(f"python -c {shlex.quote(WORK)}").stdout
+
+        # security: token file and dir modes, a client without the token is refused
+        token = a.state_dir / "auth_token"
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        assert stat.S_IMODE(a.state_dir.stat().st_mode) == 0o700
+        address = a.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1]
+        head_ip = address.split(":")[0]
+        intruder = subprocess.run(
+            [
+                a.env["PATH"].split(":")[0] + "/python",
+                "-c",
+                f"import ray; ray.init(address={address!r}); print('CONNECTED')",
+            ],
+            env={k: v for k, v in a.env.items() if not k.startswith("RAY_")} | {"HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "CONNECTED" not in intruder.stdout
+        assert "auth" in (intruder.stdout + intruder.stderr).lower()
+
+        # sockets: the dashboard on the head's address; nothing of ours on all interfaces
+        # except Ray's token-protected gRPC servers and read-only metrics endpoints
+        rows = listeners(testbed, "node1")
+        dashboard = [r for r in rows if r[1] == plan_a["dashboard"]]
+        assert dashboard and all(r[0] in (head_ip, "127.0.0.1") for r in dashboard)
+        wildcard_ok = {
+            plan_a[k]
+            for k in (
+                "gcs",
+                "node_manager",
+                "object_manager",
+                "dashboard_agent_grpc",
+                "metrics_export",
+                "autoscaler_metrics",
+                "dashboard_metrics",
+            )
+        }
+        for addr, port, proc in rows:
+            if port in ports_a and addr in ("*", "0.0.0.0", "[::]"):
+                assert port in wildcard_ok, (addr, port, proc)
+
+        # ray down of A leaves B's processes untouched, and the reverse
+        pids_b = set(cluster_pids(job_b, "shared"))
+        a.down()
+        assert wait_gone(job_a, "shared") == []
+        assert pids_b <= set(cluster_pids(job_b, "shared"))
+        assert len(b.wait_nodes(3, timeout=30)) == 3
+        assert "SUM 2470" in b.exec(f"python -c {shlex.quote(WORK)}").stdout
+
+        a.up()
+        a.wait_nodes(3)
+        pids_a = set(cluster_pids(job_a, "shared"))
+        b.down()
+        assert wait_gone(job_b, "shared") == []
+        assert pids_a <= set(cluster_pids(job_a, "shared"))
+        assert "SUM 2470" in a.exec(f"python -c {shlex.quote(WORK)}").stdout
+    finally:
+        for cluster in (a, b):
+            cluster.down(check=False)
+        testbed.cancel(job_a)
+        testbed.cancel(job_b)
+
+
+def test_racing_ray_up_builds_one_cluster(testbed: Testbed, tmp_path) -> None:
+    j = job(testbed)
+    cluster = Cluster(testbed, j, tmp_path, "race")
+    results: list[int] = []
+
+    def up() -> None:
+        results.append(cluster.ray("up", "-y", str(cluster.config), check=False).returncode)
+
+    try:
+        threads = [threading.Thread(target=up) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=400)
+        assert results == [0, 0]
+        nodes = cluster.wait_nodes(3)
+        assert len(nodes) == 3
+        state = json.loads((cluster.state_dir / "state.json").read_text())
+        heads = [r for r in state["nodes"].values() if r["role"] == "head" and not r.get("terminated")]
+        assert len(heads) == 1
+        steps = testbed.run(["squeue", "-h", "-s", "-j", j, "-o", "%j"]).stdout.split()
+        assert sum(1 for s in steps if s.startswith("eray.race.head")) == 1
+    finally:
+        cluster.down(check=False)
+        testbed.cancel(j)
+    assert not os.path.exists(cluster.state_dir)
