@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -84,10 +85,14 @@ class Allocation:
     def node_names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
+    @cached_property
+    def _by_name(self) -> dict[str, NodeShare]:
+        return {n.name: n for n in self.nodes}
+
     def node(self, name: str) -> NodeShare:
-        for n in self.nodes:
-            if n.name == name:
-                return n
+        found = self._by_name.get(name)
+        if found is not None:
+            return found
         raise AllocationError(
             f"node {name!r} is not part of job {self.job_id} (nodes: {', '.join(self.node_names)})"
         )

@@ -34,6 +34,8 @@ from filelock import FileLock
 from .ports import PortPlan
 
 STATE_DIR_ENV = "ERAY_STATE_DIR"
+#: Another process's write is seen by readers at most this late.
+READ_FRESH_SECONDS = 0.5
 
 
 def default_base() -> Path:
@@ -73,7 +75,10 @@ class ClusterState:
         self.base = Path(base) if base else default_base()
         self.dir = self.base / f"{cluster_name}-{self.job_id}"
         self._cache: tuple[float, dict[str, Any]] | None = None
+        self._checked = 0.0
+        self._state_file = str(self.dir / "state.json")
         self._lock: FileLock | None = None
+        self._markers: tuple[float, frozenset[str]] | None = None
 
     # ---------------------------------------------------------------- paths
     @property
@@ -125,11 +130,17 @@ class ClusterState:
 
     # ---------------------------------------------------------------- state.json
     def read(self) -> dict[str, Any]:
-        """The state document; cached until the file's mtime changes."""
+        """The state document; cached until the file's mtime changes, and for
+        ``READ_FRESH_SECONDS`` without even a stat (the autoscaler asks for every node's
+        tags in one round; writes by this process are seen at once)."""
+        now = time.monotonic()
+        if self._cache is not None and now - self._checked < READ_FRESH_SECONDS:
+            return self._cache[1]
         try:
-            mtime = os.stat(self.state_path).st_mtime_ns
+            mtime = os.stat(self._state_file).st_mtime_ns
         except FileNotFoundError:
             return {"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}}
+        self._checked = now
         if self._cache is None or self._cache[0] != mtime:
             doc = json.loads(self.state_path.read_text())
             if str(doc.get("job_id")) != self.job_id:
@@ -178,13 +189,22 @@ class ClusterState:
 
     def write_marker(self, node_id: str, kind: str, value: str) -> None:
         _write_private(self.marker(node_id, kind), value)
+        self._markers = None
 
-    def markers(self) -> set[str]:
-        """Names of all marker files (one listdir, for cheap liveness checks)."""
+    def markers(self) -> frozenset[str]:
+        """Names of all marker files: one listdir at most every ``READ_FRESH_SECONDS``."""
+        now = time.monotonic()
+        if self._markers is not None and now - self._markers[0] < READ_FRESH_SECONDS:
+            return self._markers[1]
         try:
-            return set(os.listdir(self.node_dir))
+            names = frozenset(os.listdir(self.node_dir))
         except FileNotFoundError:
-            return set()
+            names = frozenset()
+        if self._markers is None or self._markers[1] != names:
+            self._markers = (now, names)
+        else:
+            self._markers = (now, self._markers[1])  # keep the identity: nothing changed
+        return self._markers[1]
 
     def wait_marker(self, node_id: str, kind: str, timeout: float) -> str | None:
         deadline = time.monotonic() + timeout

@@ -14,6 +14,7 @@ all nodes (no subprocess per node, no O(N^2)).
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import time
@@ -71,6 +72,7 @@ class SlurmNodeProvider(NodeProvider):
         self.python = provider_config.get("python") or "python3"
         self.state = ClusterState(cluster_name, self.job_id, provider_config.get("state_dir"))
         self._steps: tuple[float, dict[str, str] | None] = (0.0, {})
+        self._alive_cache: tuple[tuple, list[str]] | None = None
         if provider_config.get("job_gone"):
             # SLURM ended every process of the job; what is left is our bookkeeping
             self.state.remove()
@@ -154,20 +156,27 @@ class SlurmNodeProvider(NodeProvider):
             return True
         return time.time() - launched < STEP_GRACE_SECONDS
 
-    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+    def _alive_ids(self) -> list[str]:
+        """Ids of live nodes; recomputed only when the records, markers or steps changed."""
         records = self._records()
         if not records:
             return []
         markers = self.state.markers()
         needs_steps = any(r.get("launched") and not r.get("terminated") for r in records.values())
         steps = self._job_steps() if needs_steps else {}
-        out = []
-        for node_id, rec in records.items():
-            if not self._alive(node_id, rec, markers, steps):
-                continue
-            if self._matches(rec, tag_filters):
-                out.append(node_id)
-        return out
+        key = (id(records), id(markers), id(steps))
+        if self._alive_cache is not None and self._alive_cache[0] == key:
+            return self._alive_cache[1]
+        alive = [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
+        self._alive_cache = (key, alive)
+        return alive
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        alive = self._alive_ids()
+        if not tag_filters:
+            return list(alive)
+        records = self._records()
+        return [i for i in alive if self._matches(records[i], tag_filters)]
 
     @staticmethod
     def _matches(rec: dict[str, Any], tag_filters: dict[str, str]) -> bool:
@@ -239,26 +248,27 @@ class SlurmNodeProvider(NodeProvider):
                 return live[0]
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})
-            node_id = self._new_record(slurm_node, "head", tags)
+            (node_id,) = self._new_records([(slurm_node, "head", tags)])
         return node_id
 
-    def _new_record(self, slurm_node: str, role: str, tags: dict[str, str]) -> str:
-        """Append a node record (caller holds the lock); ids carry a generation number."""
-        doc = self.state.read()
-        gen = doc.get("next_gen", 1)
-        node_id = f"{slurm_node}.{gen}"
-        doc = dict(doc)
-        doc["next_gen"] = gen + 1
-        doc["nodes"] = dict(doc["nodes"])
-        doc["nodes"][node_id] = {
-            "slurm_node": slurm_node,
-            "role": role,
-            "tags": dict(tags),
-            "gen": gen,
-            "created": time.time(),
-        }
+    def _new_records(self, specs: list[tuple[str, str, dict[str, str]]]) -> list[str]:
+        """Append node records in one write (caller holds the lock); ids carry a generation."""
+        doc = json.loads(json.dumps(self.state.read()))
+        ids = []
+        for slurm_node, role, tags in specs:
+            gen = doc.get("next_gen", 1)
+            node_id = f"{slurm_node}.{gen}"
+            doc["next_gen"] = gen + 1
+            doc["nodes"][node_id] = {
+                "slurm_node": slurm_node,
+                "role": role,
+                "tags": dict(tags),
+                "gen": gen,
+                "created": time.time(),
+            }
+            ids.append(node_id)
         self.state.write(doc)
-        return node_id
+        return ids
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
@@ -273,7 +283,7 @@ class SlurmNodeProvider(NodeProvider):
                 logger.warning("asked for %d workers, only %d SLURM nodes are free", count, len(free))
             if not free:
                 return
-            ids = {n: self._new_record(n, "worker", tags) for n in free}
+            ids = dict(zip(free, self._new_records([(n, "worker", tags) for n in free])))
             batch = self.state.read()["next_gen"]
         launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
 

@@ -1,0 +1,154 @@
+"""Pure parts of the provider: config filling, ray start lines, srun lines (no cluster)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+from eray_provider.allocation import Allocation, NodeShare
+from eray_provider.cluster_config import LAUNCH_HEAD, ClusterConfigError, fill_config, gone_config
+from eray_provider.command_runner import _exports, _remote_path
+from eray_provider.node_spec import HEAD_TYPE, StartSpec, memory_split, worker_types
+from eray_provider.ports import choose_plan
+from eray_provider.srun import clean_env, srun_argv
+
+ALLOC = Allocation(
+    "77",
+    (
+        NodeShare("g1", 16, 4, "a100", 64000),
+        NodeShare("g2", 16, 4, "a100", 64000),
+        NodeShare("c1", 8, 0, None, 16000),
+        NodeShare("g3", 16, 4, "a100", 64000),
+    ),
+)
+USER = {
+    "cluster_name": "t",
+    "max_workers": -1,
+    "provider": {"type": "external", "module": "eray_provider.SlurmNodeProvider", "state_dir": "/x"},
+    "setup_commands": ["echo all"],
+    "head_setup_commands": [],
+    "worker_setup_commands": ["echo w"],
+}
+
+
+def filled(**over) -> dict:
+    user = copy.deepcopy(USER)
+    user.update(over)
+    return fill_config(prepare_config(user), ALLOC, python="/venv/bin/python")
+
+
+def test_node_types_come_from_the_allocation_and_pass_rays_validation() -> None:
+    cfg = filled()
+    validate_config(cfg)  # Ray's own schema and checks
+    types = cfg["available_node_types"]
+    assert cfg["head_node_type"] == HEAD_TYPE and cfg["max_workers"] == 3
+    head = types[HEAD_TYPE]["resources"]
+    assert head["CPU"] == 16 and head["GPU"] == 4 and head["accelerator_type:A100"] == 1
+    assert head["slurm_node:g1"] == 1 and head["slurm_job:77"] == 1
+    workers = {k: v for k, v in types.items() if k != HEAD_TYPE}
+    assert sorted(v["node_config"]["slurm_nodes"] for v in workers.values()) == [["c1"], ["g2", "g3"]]
+    for v in workers.values():
+        assert v["min_workers"] == v["max_workers"] == len(v["node_config"]["slurm_nodes"])
+    assert cfg["head_start_ray_commands"] == [LAUNCH_HEAD]
+    assert cfg["provider"]["worker_setup_commands"] == ["echo all", "echo w"]
+    assert cfg["provider"]["disable_node_updaters"] is True
+    assert fill_config(cfg, ALLOC) is cfg  # idempotent on a filled config
+
+
+def test_max_workers_subset_and_errors() -> None:
+    assert filled(max_workers=1)["max_workers"] == 1
+    with pytest.raises(ClusterConfigError, match=r"max_workers: 4 .* only 3 node\(s\)"):
+        filled(max_workers=4)
+    with pytest.raises(ClusterConfigError, match="max_workers must be an integer"):
+        filled(max_workers="lots")
+    user = copy.deepcopy(USER)
+    user["provider"]["nodes"] = "g[2-3],zz9"
+    with pytest.raises(ClusterConfigError, match=r"\['zz9'\] outside job 77"):
+        fill_config(prepare_config(user), ALLOC)
+    user["provider"]["nodes"] = "c1,g1"
+    cfg = fill_config(prepare_config(user), ALLOC)
+    assert cfg["available_node_types"][HEAD_TYPE]["node_config"]["slurm_nodes"] == ["c1"]
+
+
+def test_gone_config_is_valid_for_ray() -> None:
+    cfg = gone_config(prepare_config(copy.deepcopy(USER)), "77", "job 77 has ended")
+    validate_config(cfg)
+    assert cfg["provider"]["job_gone"] == "job 77 has ended"
+
+
+def test_start_line_pins_every_port_and_never_binds_all_interfaces() -> None:
+    plan = choose_plan("77", [(32768, 60999)])
+    spec = StartSpec(
+        ALLOC.head,
+        "77",
+        "head",
+        "10.0.0.5",
+        plan,
+        "/tmp/eray-77-x",
+        autoscaling_config="/h/ray_bootstrap_config.yaml",
+    )
+    argv = spec.argv()
+    flags = dict(a.lstrip("-").split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    assert argv[:3] == ["ray", "start", "--block"] and "--head" in argv
+    assert int(flags["port"]) == plan.gcs and flags["dashboard-host"] == "10.0.0.5"
+    assert flags["node-ip-address"] == "10.0.0.5" and flags["temp-dir"] == "/tmp/eray-77-x"
+    for key in (
+        "dashboard-port",
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+        "min-worker-port",
+        "max-worker-port",
+    ):
+        assert key in flags
+    assert "0.0.0.0" not in " ".join(argv)
+    heap, store = memory_split(ALLOC.head, 0.3)
+    assert int(flags["memory"]) == heap and int(flags["object-store-memory"]) == store
+    assert heap + store == 64000 * 2**20
+    assert json.loads(flags["resources"]) == {
+        "accelerator_type:A100": 1.0,
+        "slurm_job:77": 1.0,
+        "slurm_node:g1": 1.0,
+    }
+    assert spec.env() == plan.ray_env()
+    worker = StartSpec(ALLOC.nodes[2], "77", "worker", "10.0.0.6", plan, "/t", head_address="10.0.0.5:1")
+    assert "--address=10.0.0.5:1" in worker.argv() and "--head" not in worker.argv()
+    with pytest.raises(ValueError, match="head's address"):
+        StartSpec(ALLOC.nodes[2], "77", "worker", "10.0.0.6", plan, "/t").argv()
+
+
+def test_small_memory_is_an_error() -> None:
+    with pytest.raises(ValueError, match="too little"):
+        memory_split(NodeShare("n", 1, memory_mb=50), 0.3)
+
+
+def test_worker_types_group_alike_shares() -> None:
+    types = worker_types(ALLOC)
+    assert {k: [s.name for s in v] for k, v in types.items()} == {
+        "ray.worker.c16.g4.a100.m64000": ["g2", "g3"],
+        "ray.worker.c8.m16000": ["c1"],
+    }
+
+
+def test_srun_lines_and_environment() -> None:
+    argv = srun_argv("77", ["g1", "g2"], ["python", "-m", "x"], name="eray.t.workers.3")
+    assert argv[0] == "srun" and "--jobid=77" in argv and "--overlap" in argv
+    assert "--nodes=2" in argv and "--ntasks=2" in argv and "--nodelist=g1,g2" in argv
+    assert "--job-name=eray.t.workers.3" in argv and argv[-3:] == ["python", "-m", "x"]
+    env = clean_env({"SLURM_CONF": "/c", "SLURM_NNODES": "1", "SLURM_STEP_ID": "3", "PATH": "/b"}, {"A": "1"})
+    assert env == {"SLURM_CONF": "/c", "PATH": "/b", "A": "1"}
+
+
+def test_runner_helpers() -> None:
+    cmd = "export RAY_HEAD_IP=10.0.0.5; export RAY_CLOUD_INSTANCE_ID='g1.1'; eray-provider-launch-head"
+    assert dict(_exports(cmd)) == {"RAY_HEAD_IP": "10.0.0.5", "RAY_CLOUD_INSTANCE_ID": "g1.1"}
+    assert _remote_path("~/ray_bootstrap_config.yaml") == '"$HOME"/ray_bootstrap_config.yaml'
+    assert _remote_path("~") == '"$HOME"'
+    assert _remote_path("/a b") == "'/a b'"
