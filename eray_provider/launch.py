@@ -37,10 +37,21 @@ def cluster_env(state: ClusterState) -> dict[str, str]:
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(state.token_path),
         "HOME": str(state.home),
+        "RAY_RUNTIME_ENV_HOOK": "eray_provider.jax_hook.runtime_env_hook",
     }
     address = head_address(state)
     if address:
         env["RAY_ADDRESS"] = address
+        env["ERAY_HEAD_IP"] = address.rsplit(":", 1)[0]
+    plan = state.ports()
+    if plan is not None:
+        env["ERAY_JAX_PORTS"] = f"{plan.jax_first}:{plan.jax_count}"
+        env["ERAY_JOB_ID"] = state.job_id
+    try:
+        jax_defaults = state.cluster_config()["provider"].get("jax_env") or {}
+    except (OSError, KeyError, ValueError):
+        jax_defaults = {}
+    env["ERAY_JAX_ENV"] = json.dumps(jax_defaults)
     return env
 
 

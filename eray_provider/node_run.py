@@ -13,6 +13,7 @@ Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -86,6 +87,28 @@ def pick_ip(network: str | None) -> str:
     raise NodeRunError(f"cannot find a non-loopback address of {socket.gethostname()}")
 
 
+def jax_env(state: ClusterState, provider: dict, plan, head_ip: str | None) -> dict[str, str]:
+    """What every Ray worker of the cluster needs for JAX (see ``eray_provider.jax``)."""
+    return {
+        "ERAY_HEAD_IP": (head_ip or "").split(":")[0],
+        "ERAY_JAX_PORTS": f"{plan.jax_first}:{plan.jax_count}",
+        "ERAY_JOB_ID": state.job_id,
+        "ERAY_JAX_ENV": json.dumps(provider.get("jax_env") or {}),
+        "RAY_RUNTIME_ENV_HOOK": "eray_provider.jax_hook.runtime_env_hook",
+    }
+
+
+def _hide_slurm(env: dict[str, str]) -> dict[str, str]:
+    """Move SLURM_* to ERAY_SLURM_*: inherited by workers they switch on JAX's SLURM detection."""
+    out = {}
+    for key, value in env.items():
+        if key.startswith("SLURM_") and key != "SLURM_CONF":
+            out["ERAY_" + key] = value
+        else:
+            out[key] = value
+    return out
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -135,6 +158,7 @@ def main() -> int:
             dashboard_host=provider.get("dashboard_host"),
             object_store_fraction=float(provider["object_store_fraction"]),
             autoscaling_config=str(state.home / "ray_bootstrap_config.yaml") if role == "head" else None,
+            node_index=alloc.node_names.index(node_name),
         )
         n_workers = max(len(alloc.workers), 10)
         ray_env = dict(
@@ -153,11 +177,12 @@ def main() -> int:
             AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
         )
         ray_env.pop("RAY_ADDRESS", None)
+        ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
         if role == "worker":
             _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
-        proc = subprocess.Popen(spec.argv(), env=ray_env, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(spec.argv(), env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
 
         def forward(signum, _frame):
             proc.send_signal(signum)

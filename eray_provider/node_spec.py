@@ -59,8 +59,12 @@ def ray_resources(share: NodeShare, job_id: str, object_store_fraction: float) -
     return res
 
 
-def ray_labels(share: NodeShare, job_id: str) -> dict[str, str]:
-    return {"slurm-node": share.name, "slurm-job": str(job_id)}
+def ray_labels(share: NodeShare, job_id: str, index: int | None = None) -> dict[str, str]:
+    """Labels naming the node's SLURM node, job and position in the job's node list."""
+    labels = {"slurm-node": share.name, "slurm-job": str(job_id)}
+    if index is not None:
+        labels["slurm-node-index"] = str(index)
+    return labels
 
 
 def share_key(share: NodeShare) -> tuple:
@@ -94,6 +98,7 @@ class StartSpec:
     dashboard_host: str | None = None
     object_store_fraction: float = DEFAULT_OBJECT_STORE_FRACTION
     autoscaling_config: str | None = None
+    node_index: int | None = None
 
     def argv(self) -> list[str]:
         heap, store = memory_split(self.share, self.object_store_fraction)
@@ -118,7 +123,8 @@ class StartSpec:
             f"--num-cpus={self.share.cpus}",
             f"--num-gpus={self.share.gpus}",
             f"--resources={json.dumps(res, sort_keys=True)}",
-            "--labels=" + ",".join(f"{k}={v}" for k, v in ray_labels(self.share, self.job_id).items()),
+            "--labels="
+            + ",".join(f"{k}={v}" for k, v in ray_labels(self.share, self.job_id, self.node_index).items()),
         ]
         if heap is not None:
             args += [f"--memory={heap}", f"--object-store-memory={store}"]

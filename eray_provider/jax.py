@@ -1,0 +1,440 @@
+"""``jax.distributed`` inside Ray actors on an eray-provider cluster, and a group launcher.
+
+- ``initialize(process_id, num_processes, ...)``: one call inside an actor. The coordinator
+  defaults to the cluster head at the job's first JAX port, devices to the GPUs Ray gave
+  the actor, and JAX's own cluster auto-detection is off (inside Ray the raylet's
+  ``SLURM_*`` variables would otherwise override what you asked for). Bad arguments raise
+  ``ValueError``; a second call in one process raises ``JaxInitError``.
+- ``ProcessGroup`` / ``run(fn, ...)``: N actors in a placement group (one per node by
+  default), ranks in node order, a coordinator port of the group's own from the job's
+  range, ``jax.distributed`` initialized in all of them, ``fn`` run on every rank, results
+  returned per rank, everything shut down. A rank that dies or never arrives raises
+  ``GroupError`` naming the rank and node within ``timeout`` seconds, and no actor of the
+  group is left running.
+- ``actor_options(rank, world_size)``: options for your own actors; the runtime hook the
+  provider installs on every node (``eray_provider.jax_hook``) initializes
+  ``jax.distributed`` in such an actor before its ``__init__`` runs.
+
+Node facts reach workers through variables set by the provider at ``ray start``:
+``ERAY_HEAD_IP``, ``ERAY_JAX_PORTS`` (``first:count``) and ``ERAY_JOB_ID``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DEFAULT_TIMEOUT = 60.0
+#: Bound on the collective jax.distributed.shutdown of a group before its actors are killed.
+SHUTDOWN_TIMEOUT = 10.0
+ENV_RANK = "ERAY_JAX_RANK"
+ENV_WORLD = "ERAY_JAX_WORLD"
+ENV_GROUP = "ERAY_JAX_GROUP"
+ENV_TIMEOUT = "ERAY_JAX_TIMEOUT"
+_KV_PORT = "eray-jax-port/{job}/{port}"
+_KV_RENDEZVOUS = "eray-jax-coordinator/{group}"
+
+_state: dict[str, Any] | None = None
+
+
+class JaxInitError(RuntimeError):
+    """``jax.distributed`` cannot be (or already was) initialized in this process."""
+
+
+class GroupError(RuntimeError):
+    """A rank of a process group died, was never placed, or never arrived."""
+
+    def __init__(self, message: str, rank: int | None = None, node: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.node = node
+
+
+def jax_ports() -> range:
+    """The job's JAX coordinator ports (from the port plan, via ``ERAY_JAX_PORTS``)."""
+    value = os.environ.get("ERAY_JAX_PORTS", "")
+    first, _, count = value.partition(":")
+    if not first.isdigit() or not count.isdigit():
+        raise JaxInitError(
+            f"ERAY_JAX_PORTS={value!r}: not on an eray-provider cluster node; "
+            "pass coordinator_address explicitly"
+        )
+    return range(int(first), int(first) + int(count))
+
+
+def head_ip() -> str:
+    ip = os.environ.get("ERAY_HEAD_IP")
+    if not ip:
+        raise JaxInitError("ERAY_HEAD_IP is not set: pass coordinator_address explicitly")
+    return ip
+
+
+def default_coordinator() -> str:
+    return f"{head_ip()}:{jax_ports()[0]}"
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"coordinator_address must be HOST:PORT, got {address!r}")
+    try:
+        socket.getaddrinfo(host, int(port))
+    except OSError as e:
+        raise ValueError(f"coordinator_address {address!r}: cannot resolve {host!r}: {e}") from e
+
+
+def ray_gpu_ids() -> list[int] | None:
+    """Device ids for JAX from the GPUs Ray assigned to this worker (None: no GPUs)."""
+    try:
+        import ray
+
+        ids = ray.get_gpu_ids()
+    except Exception:
+        return None
+    if not ids:
+        return None
+    # Ray narrows CUDA_VISIBLE_DEVICES to the assigned GPUs: JAX then numbers them 0..n-1
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return list(range(len(ids)))
+    return [int(i) for i in ids]
+
+
+def initialize(
+    process_id: int,
+    num_processes: int,
+    coordinator_address: str | None = None,
+    local_device_ids: Sequence[int] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> None:
+    """Initialize ``jax.distributed`` in this process (one rank of one group)."""
+    global _state
+    for name, value in (("process_id", process_id), ("num_processes", num_processes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    if not 0 <= process_id < num_processes:
+        raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+    if not timeout or timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if local_device_ids is not None:
+        local_device_ids = list(local_device_ids)
+        if not all(isinstance(i, int) and i >= 0 for i in local_device_ids):
+            raise ValueError(f"local_device_ids must be non-negative ints, got {local_device_ids!r}")
+    if _state is not None:
+        raise JaxInitError(
+            f"jax.distributed is already initialized in this process (rank {_state['rank']} of "
+            f"{_state['world']}, coordinator {_state['coordinator']}): use one process per rank"
+        )
+    coordinator = coordinator_address or default_coordinator()
+    _check_address(coordinator)
+    devices = local_device_ids if local_device_ids is not None else ray_gpu_ids()
+
+    import jax
+
+    if jax.distributed.is_initialized():
+        raise JaxInitError("jax.distributed was already initialized in this process by other code")
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=devices,
+        cluster_detection_method="deactivate",
+        initialization_timeout=max(int(timeout), 1),
+    )
+    _state = {"rank": process_id, "world": num_processes, "coordinator": coordinator}
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+# ---------------------------------------------------------------------- own actors + hook
+
+
+def group_port(group: str) -> int:
+    """The JAX port of a named group of hook-initialized actors, derived from the job id."""
+    ports = jax_ports()
+    return ports[zlib.crc32(group.encode()) % len(ports)]
+
+
+def actor_options(
+    rank: int, world_size: int, group: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> dict[str, Any]:
+    """``.options(**actor_options(rank, world))`` makes the runtime hook initialize JAX.
+
+    Rank 0 publishes its node address in the GCS under the group's name (default: this
+    driver's job id), the other ranks wait for it, all initialize before ``__init__``.
+    Two groups alive at the same time in one driver need different ``group`` names.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if group is None:
+        import ray
+
+        group = f"job-{ray.get_runtime_context().get_job_id()}"
+    env = {ENV_RANK: str(rank), ENV_WORLD: str(world_size), ENV_GROUP: group, ENV_TIMEOUT: str(timeout)}
+    return {"runtime_env": {"env_vars": env}}
+
+
+def initialize_from_env() -> bool:
+    """Called by the runtime hook in every worker: initialize when the actor asked for it."""
+    if ENV_RANK not in os.environ or is_initialized():
+        return False
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+
+    rank, world = int(os.environ[ENV_RANK]), int(os.environ[ENV_WORLD])
+    group = os.environ.get(ENV_GROUP, "default")
+    timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    key = _KV_RENDEZVOUS.format(group=group)
+    if rank == 0:
+        import ray
+
+        address = f"{ray.util.get_node_ip_address()}:{group_port(group)}"
+        _internal_kv_put(key, address, overwrite=True)
+    else:
+        deadline = time.monotonic() + timeout
+        while (value := _internal_kv_get(key)) is None:
+            if time.monotonic() > deadline:
+                raise GroupError(f"rank 0 of group {group!r} never published its address", rank)
+            time.sleep(0.1)
+        address = value.decode()
+    initialize(rank, world, coordinator_address=address, timeout=timeout)
+    return True
+
+
+# ---------------------------------------------------------------------- group launcher
+
+
+def _rank_actor_class():
+    import ray
+
+    @ray.remote(max_restarts=0, max_task_retries=0)
+    class JaxRank:
+        def where(self) -> dict[str, Any]:
+            ctx = ray.get_runtime_context()
+            return {
+                "node_id": ctx.get_node_id(),
+                "ip": ray.util.get_node_ip_address(),
+                "host": socket.gethostname(),
+            }
+
+        def init(self, rank: int, world: int, coordinator: str, timeout: float) -> int:
+            initialize(rank, world, coordinator_address=coordinator, timeout=timeout)
+            import jax
+
+            return jax.process_index()
+
+        def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+            return fn(*args, **kwargs)
+
+        def stop(self) -> None:
+            import jax
+
+            if jax.distributed.is_initialized():
+                jax.distributed.shutdown()
+
+    return JaxRank
+
+
+class ProcessGroup:
+    """N JAX processes as Ray actors; use as a context manager or call ``shutdown``."""
+
+    def __init__(
+        self,
+        num_processes: int | None = None,
+        gpus_per_process: float = 0,
+        cpus_per_process: float = 1,
+        timeout: float = DEFAULT_TIMEOUT,
+        env_vars: dict[str, str] | None = None,
+    ) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        if num_processes is None:
+            num_processes = len(nodes)
+        if num_processes < 1:
+            raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.num_processes = num_processes
+        self.gpus = gpus_per_process
+        self.cpus = cpus_per_process
+        self.timeout = timeout
+        self.env_vars = dict(env_vars or {})
+        self.id = uuid.uuid4().hex[:12]
+        self.port: int | None = None
+        self.pg = None
+        self.actors: list = []  # in rank order once started
+        self.nodes: list[str] = []  # SLURM node (host name) of each rank
+        self._initialized = False
+        self._node_order = {
+            n["NodeID"]: (int(n.get("Labels", {}).get("slurm-node-index", 10**6)), n["NodeManagerAddress"])
+            for n in nodes
+        }
+        self.strategy = "STRICT_SPREAD" if num_processes <= len(nodes) else "SPREAD"
+
+    # -------------------------------------------------------------- lifecycle
+    def __enter__(self) -> ProcessGroup:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def start(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        deadline = time.monotonic() + self.timeout
+        try:
+            bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+            self.pg = placement_group([bundle] * self.num_processes, strategy=self.strategy)
+            ready, _ = ray.wait([self.pg.ready()], timeout=self.timeout)
+            if not ready:
+                raise GroupError(
+                    f"{self.num_processes} bundles of {bundle} ({self.strategy}) could not be placed "
+                    f"within {self.timeout:.0f} s"
+                )
+            self.port = self._reserve_port()
+            cls = _rank_actor_class()
+            actors = [
+                cls.options(
+                    num_cpus=self.cpus,
+                    num_gpus=self.gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, i),
+                    runtime_env={"env_vars": self.env_vars} if self.env_vars else None,
+                ).remote()
+                for i in range(self.num_processes)
+            ]
+            self.actors = actors
+            self.nodes = ["?"] * len(actors)
+            where = self._gather([a.where.remote() for a in actors], deadline, "start")
+            order = sorted(range(len(actors)), key=lambda i: (self._node_order.get(where[i]["node_id"]), i))
+            self.actors = [actors[i] for i in order]
+            self.nodes = [where[i]["host"] for i in order]
+            coordinator = f"{where[order[0]]['ip']}:{self.port}"
+            refs = [
+                a.init.remote(r, len(actors), coordinator, self.timeout) for r, a in enumerate(self.actors)
+            ]
+            self._gather(refs, deadline, "initialize jax.distributed")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def run(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank; results in rank order."""
+        if not self.actors:
+            raise GroupError("the group is not started (or was shut down)")
+        deadline = time.monotonic() + timeout if timeout else None
+        try:
+            return self._gather([a.run.remote(fn, args, kwargs) for a in self.actors], deadline, "run")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Leave jax.distributed together (a barrier, bounded), then end every actor."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self.actors and self._initialized:
+            ray.wait(
+                [a.stop.remote() for a in self.actors], num_returns=len(self.actors), timeout=SHUTDOWN_TIMEOUT
+            )
+        self._initialized = False
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        self.actors = []
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:
+                pass
+            self.pg = None
+        if self.port is not None:
+            from ray.experimental.internal_kv import _internal_kv_del
+
+            _internal_kv_del(self._port_key(self.port))
+            self.port = None
+
+    # -------------------------------------------------------------- helpers
+    def _gather(self, refs: list, deadline: float | None, what: str) -> list[Any]:
+        """Results of one call per rank; the first failure or the deadline raises GroupError."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
+            for ref in done:
+                rank = index[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except (RayActorError, RayTaskError, GetTimeoutError) as e:
+                    node = self.nodes[rank] if rank < len(self.nodes) else "?"
+                    raise GroupError(
+                        f"rank {rank} on node {node} failed during {what}: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}",
+                        rank,
+                        node,
+                    ) from e
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                rank = index[pending[0]]
+                node = self.nodes[rank] if rank < len(self.nodes) else "?"
+                raise GroupError(
+                    f"rank {rank} on node {node} did not {what} within {self.timeout:.0f} s "
+                    f"({len(pending)} of {len(refs)} ranks missing)",
+                    rank,
+                    node,
+                )
+        return [results[r] for r in range(len(refs))]
+
+    def _port_key(self, port: int) -> str:
+        return _KV_PORT.format(job=os.environ.get("ERAY_JOB_ID", "local"), port=port)
+
+    def _reserve_port(self) -> int:
+        """A JAX port of the job's range no other live group holds (atomic GCS put)."""
+        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+        from ray.util import placement_group_table
+
+        for port in jax_ports():
+            key = self._port_key(port)
+            owner = f"{self.id} {self.pg.id.hex()}"
+            if not _internal_kv_put(key, owner, overwrite=False):
+                return port
+            held = (_internal_kv_get(key) or b"").decode().split()
+            # reclaim a port whose group's placement group is gone (a crashed driver)
+            if len(held) == 2 and placement_group_table().get(held[1], {}).get("state") in (None, "REMOVED"):
+                _internal_kv_put(key, owner, overwrite=True)
+                return port
+        raise GroupError(f"all {len(jax_ports())} JAX ports of the job are held by live groups")
+
+
+def run(
+    fn: Callable,
+    *args: Any,
+    num_processes: int | None = None,
+    gpus_per_process: float = 0,
+    cpus_per_process: float = 1,
+    timeout: float = DEFAULT_TIMEOUT,
+    env_vars: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Start a group, run ``fn`` on every rank, shut the group down; results per rank."""
+    with ProcessGroup(num_processes, gpus_per_process, cpus_per_process, timeout, env_vars) as group:
+        return group.run(fn, *args, **kwargs)

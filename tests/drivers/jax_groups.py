@@ -1,0 +1,58 @@
+"""Driver for the JAX group tests (run on the cluster with `ray submit`): prints markers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import ray
+from ray.util.state import list_actors
+
+from eray_provider.jax import GroupError, ProcessGroup, run
+
+
+def total() -> dict:
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    got = multihost_utils.process_allgather(np.array([jax.process_index() + 1])).ravel()
+    return {"rank": jax.process_index(), "sum": int(got.sum()), "world": jax.process_count()}
+
+
+def alive_rank_actors() -> int:
+    return len(list_actors(filters=[("class_name", "=", "JaxRank"), ("state", "=", "ALIVE")]))
+
+
+def main(part: str) -> None:
+    ray.init()
+    if part == "sequential":
+        for i in range(2):
+            out = run(total)
+            print("SEQ", i, json.dumps(out), flush=True)
+    elif part == "concurrent":
+        with ProcessGroup() as a, ProcessGroup() as b:
+            print("PORTS", a.port, b.port, flush=True)
+            ra, rb = a.run(total), b.run(total)
+            print("CONC", json.dumps(ra), json.dumps(rb), flush=True)
+    elif part == "kill":
+        group = ProcessGroup(timeout=60)
+        group.start()
+        victim = group.actors[1]
+        t0 = time.monotonic()
+        ray.kill(victim, no_restart=True)
+        try:
+            group.run(total)
+            print("NOERROR", flush=True)
+        except GroupError as e:
+            print("GROUPERROR", json.dumps({"rank": e.rank, "node": e.node, "msg": str(e),
+                                            "seconds": time.monotonic() - t0}), flush=True)
+        deadline = time.monotonic() + 30
+        while alive_rank_actors() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print("ALIVE_AFTER", alive_rank_actors(), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
