@@ -46,8 +46,11 @@ def main(part: str) -> None:
             group.run(total)
             print("NOERROR", flush=True)
         except GroupError as e:
-            print("GROUPERROR", json.dumps({"rank": e.rank, "node": e.node, "msg": str(e),
-                                            "seconds": time.monotonic() - t0}), flush=True)
+            print(
+                "GROUPERROR",
+                json.dumps({"rank": e.rank, "node": e.node, "msg": str(e), "seconds": time.monotonic() - t0}),
+                flush=True,
+            )
         deadline = time.monotonic() + 30
         while alive_rank_actors() and time.monotonic() < deadline:
             time.sleep(0.5)

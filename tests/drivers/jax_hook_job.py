@@ -24,7 +24,6 @@ class Trainer:
         self.rank, self.world = jax.process_index(), jax.process_count()
 
     def allgather(self) -> dict:
-        import jax
         import numpy as np
         from jax.experimental import multihost_utils
 

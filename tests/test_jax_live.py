@@ -1,0 +1,86 @@
+"""JAX on a provider-built cluster (CPU, gloo): psum example, groups, failures, runtime hook."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray_cluster_support import Cluster
+from testbed_support import REPO, Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+@pytest.fixture(scope="module")
+def jax_cluster(testbed: Testbed, tmp_path_factory):
+    job = testbed.salloc("-N3", "-c2", "--gpus-per-node=2", "--mem=3000", "-J", "eray-jax")
+    cluster = Cluster(
+        testbed,
+        job,
+        tmp_path_factory.mktemp("jax"),
+        "jaxtest",
+        provider={"jax_env": {"JAX_PLATFORMS": "cpu"}},
+    )
+    try:
+        cluster.up()
+        cluster.wait_nodes(3)
+        yield cluster
+    finally:
+        cluster.down(check=False)
+        testbed.cancel(job)
+
+
+def markers(out: str, name: str) -> list[str]:
+    return [line[len(name) + 1 :] for line in out.splitlines() if line.startswith(name + " ")]
+
+
+def test_psum_example_one_rank_per_node(jax_cluster: Cluster) -> None:
+    out = jax_cluster.ray("submit", str(jax_cluster.config), "examples/jax_psum.py").stdout
+    ranks = markers(out, "RANK")
+    assert len(ranks) == 3
+    assert [r.split()[2].rstrip(":") for r in ranks] == ["node1", "node2", "node3"]  # node order
+    assert all("psum=6.0 allgather=[0, 1, 2]" in r for r in ranks)
+
+
+def test_two_groups_one_after_the_other_and_at_once(jax_cluster: Cluster) -> None:
+    out = jax_cluster.ray(
+        "submit", str(jax_cluster.config), "tests/drivers/jax_groups.py", "sequential"
+    ).stdout
+    seq = markers(out, "SEQ")
+    assert len(seq) == 2
+    for line in seq:
+        assert [r["sum"] for r in json.loads(line.split(" ", 1)[1])] == [6, 6, 6]
+    out = jax_cluster.ray(
+        "submit", str(jax_cluster.config), "tests/drivers/jax_groups.py", "concurrent"
+    ).stdout
+    (ports,) = markers(out, "PORTS")
+    a, b = (int(p) for p in ports.split())
+    assert a != b
+    (conc,) = markers(out, "CONC")
+    assert conc.count('"sum": 6') == 6
+
+
+def test_killed_rank_raises_in_bounded_time_and_leaves_nothing(jax_cluster: Cluster) -> None:
+    out = jax_cluster.ray("submit", str(jax_cluster.config), "tests/drivers/jax_groups.py", "kill").stdout
+    assert not markers(out, "NOERROR")
+    (err,) = markers(out, "GROUPERROR")
+    info = json.loads(err)
+    assert info["rank"] == 1 and info["node"] == "node2" and "rank 1 on node node2" in info["msg"]
+    assert info["seconds"] < 60
+    assert markers(out, "ALIVE_AFTER") == ["0"]
+
+
+def test_job_submit_without_runtime_env_gets_the_hook(jax_cluster: Cluster) -> None:
+    dashboard = json.loads((jax_cluster.state_dir / "ports.json").read_text())["dashboard"]
+    script = REPO / "tests" / "drivers" / "jax_hook_job.py"
+    out = jax_cluster.exec(
+        f"ray job submit --address http://$ERAY_HEAD_IP:{dashboard} -- python {script}", timeout=300
+    ).stdout
+    (env,) = markers(out, "ENV")
+    env = json.loads(env)
+    assert env["SLURM_JOB_ID"] is None and env["ERAY_SLURM_JOB_ID"] == jax_cluster.job_id
+    assert env["JAX_PLATFORMS"] == "cpu"
+    (hooked,) = markers(out, "HOOKED")
+    ranks = json.loads(hooked)
+    assert [(r["rank"], r["world"], r["gathered"]) for r in ranks] == [(i, 3, [0, 1, 2]) for i in range(3)]
+    assert [r["host"] for r in ranks] == ["node1", "node2", "node3"]
