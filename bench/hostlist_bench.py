@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 from collections.abc import Callable
 
@@ -51,8 +50,11 @@ def main() -> None:
             assert expand(ours_expr) == names
             assert sorted(python_hostlist.expand_hostlist(theirs_expr)) == sorted(names)
             rows = [
-                ("expand", lambda: expand(ours_expr),
-                 lambda: python_hostlist.expand_hostlist(theirs_expr, allow_duplicates=True)),
+                (
+                    "expand",
+                    lambda: expand(ours_expr),
+                    lambda: python_hostlist.expand_hostlist(theirs_expr, allow_duplicates=True),
+                ),
                 ("compress", lambda: compress(names), lambda: python_hostlist.collect_hostlist(names)),
             ]
             for op, ours, theirs in rows:

@@ -44,8 +44,11 @@ def build(n: int, tmp: Path) -> tuple[dict, ClusterState]:
     base = {
         "cluster_name": "scale",
         "max_workers": -1,
-        "provider": {"type": "external", "module": "eray_provider.SlurmNodeProvider",
-                     "state_dir": str(tmp / "state")},
+        "provider": {
+            "type": "external",
+            "module": "eray_provider.SlurmNodeProvider",
+            "state_dir": str(tmp / "state"),
+        },
     }
     config = fill_config(base, alloc, python=sys.executable)
     state = ClusterState("scale", "4242", tmp / "state")
@@ -78,9 +81,12 @@ def main() -> None:
         for i in range(args.nodes):
             step = f"eray.scale.workers.{i // batch}"
             doc["nodes"][f"gpu{i:05d}.{i + 1}"] = {
-                "slurm_node": f"gpu{i:05d}", "role": "head" if i == 0 else "worker", "gen": i + 1,
+                "slurm_node": f"gpu{i:05d}",
+                "role": "head" if i == 0 else "worker",
+                "gen": i + 1,
                 "tags": {TAG_RAY_NODE_KIND: "head" if i == 0 else "worker"},
-                "launched": time.time(), "step_name": step,
+                "launched": time.time(),
+                "step_name": step,
             }
         lines = [f"4242.{k} eray.scale.workers.{k}" for k in range(args.nodes // batch + 1)]
         steps.write_text("\n".join(lines) + "\n")
@@ -95,9 +101,11 @@ def main() -> None:
             for node_id in provider.non_terminated_nodes({}):
                 provider.node_tags(node_id)
         per_round = (time.perf_counter() - t) / args.rounds
-        print(f"per autoscaler round, {args.nodes} nodes: {per_round * 1e3:.2f} ms "
-              f"(non_terminated_nodes + node_tags for every node; first call with squeue "
-              f"{first * 1e3:.1f} ms)")
+        print(
+            f"per autoscaler round, {args.nodes} nodes: {per_round * 1e3:.2f} ms "
+            f"(non_terminated_nodes + node_tags for every node; first call with squeue "
+            f"{first * 1e3:.1f} ms)"
+        )
 
         # --- 2. srun calls to launch W workers in one batch
         tmp2 = tmp / "launch"
@@ -109,15 +117,18 @@ def main() -> None:
         worker_type = next(k for k in config["available_node_types"] if k.startswith("ray.worker"))
         node_config = config["available_node_types"][worker_type]["node_config"]
         t = time.perf_counter()
-        provider.create_node(node_config, {TAG_RAY_NODE_KIND: "worker",
-                                           TAG_RAY_USER_NODE_TYPE: worker_type}, args.workers)
+        provider.create_node(
+            node_config, {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: worker_type}, args.workers
+        )
         launch_s = time.perf_counter() - t
         deadline = time.monotonic() + 30
         while not log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         calls = len(log.read_text().splitlines())
-        print(f"launching {args.workers} workers: {calls} srun call(s) in {launch_s * 1e3:.0f} ms; "
-              f"one srun per worker would be {args.workers}: ratio {calls / args.workers:.4f}")
+        print(
+            f"launching {args.workers} workers: {calls} srun call(s) in {launch_s * 1e3:.0f} ms; "
+            f"one srun per worker would be {args.workers}: ratio {calls / args.workers:.4f}"
+        )
         assert len(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "worker"})) == args.workers
 
 

@@ -28,8 +28,9 @@ NODES = 3
 
 
 def env_with_testbed() -> dict[str, str]:
-    out = subprocess.run([str(REPO / "scripts" / "slurm-testbed"), "env"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [str(REPO / "scripts" / "slurm-testbed"), "env"], capture_output=True, text=True, check=True
+    ).stdout
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     for line in out.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
@@ -38,14 +39,24 @@ def env_with_testbed() -> dict[str, str]:
 
 
 def salloc(env: dict[str, str]) -> str:
-    out = subprocess.run(["salloc", "--no-shell", f"-N{NODES}", "-c2", "--mem=3000", "-J", "bench"],
-                         env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["salloc", "--no-shell", f"-N{NODES}", "-c2", "--mem=3000", "-J", "bench"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return re.search(r"Granted job allocation (\d+)", out.stderr + out.stdout).group(1)
 
 
 def count_alive(address: str, env: dict[str, str]) -> int:
-    proc = subprocess.run([sys.executable, "-m", "eray_provider.gcs_probe", address], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eray_provider.gcs_probe", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return len(proc.stdout.split()) if proc.returncode == 0 else 0
 
 
@@ -87,16 +98,51 @@ def with_docs_template(env: dict[str, str], head_sleep: float, worker_sleep: flo
         t0 = time.monotonic()
         head_ip = "10.77.0.11"
         common = ["--block", "--num-cpus=2", "--disable-usage-stats"]
-        procs.append(subprocess.Popen(
-            ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", "node1", "ray", "start", "--head",
-             f"--node-ip-address={head_ip}", f"--port={port}", "--include-dashboard=false", *common],
-            env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "srun",
+                    f"--jobid={job}",
+                    "--overlap",
+                    "-N1",
+                    "-n1",
+                    "-w",
+                    "node1",
+                    "ray",
+                    "start",
+                    "--head",
+                    f"--node-ip-address={head_ip}",
+                    f"--port={port}",
+                    "--include-dashboard=false",
+                    *common,
+                ],
+                env=e,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         time.sleep(head_sleep)
         for k in range(2, NODES + 1):
-            procs.append(subprocess.Popen(
-                ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", f"node{k}", "ray", "start",
-                 f"--address={head_ip}:{port}", *common],
-                env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "srun",
+                        f"--jobid={job}",
+                        "--overlap",
+                        "-N1",
+                        "-n1",
+                        "-w",
+                        f"node{k}",
+                        "ray",
+                        "start",
+                        f"--address={head_ip}:{port}",
+                        *common,
+                    ],
+                    env=e,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             time.sleep(worker_sleep)
         return wait_alive(f"{head_ip}:{port}", e, t0)
     finally:
@@ -115,8 +161,10 @@ def main() -> None:
         a = with_provider(env, Path(tmp))
     b = with_docs_template(env, args.head_sleep, args.worker_sleep)
     print(f"(a) ray up with eray-provider: {a:6.1f} s to {NODES} nodes alive")
-    print(f"(b) Ray docs sbatch template:  {b:6.1f} s to {NODES} nodes alive "
-          f"(sleep {args.head_sleep:g} after the head, {args.worker_sleep:g} after each worker)")
+    print(
+        f"(b) Ray docs sbatch template:  {b:6.1f} s to {NODES} nodes alive "
+        f"(sleep {args.head_sleep:g} after the head, {args.worker_sleep:g} after each worker)"
+    )
     print(f"ratio (a)/(b): {a / b:.2f}")
 
 
