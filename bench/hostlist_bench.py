@@ -52,10 +52,14 @@ def main() -> None:
             rows = [
                 (
                     "expand",
-                    lambda: expand(ours_expr),
-                    lambda: python_hostlist.expand_hostlist(theirs_expr, allow_duplicates=True),
+                    lambda e=ours_expr: expand(e),
+                    lambda e=theirs_expr: python_hostlist.expand_hostlist(e, allow_duplicates=True),
                 ),
-                ("compress", lambda: compress(names), lambda: python_hostlist.collect_hostlist(names)),
+                (
+                    "compress",
+                    lambda x=names: compress(x),
+                    lambda x=names: python_hostlist.collect_hostlist(x),
+                ),
             ]
             for op, ours, theirs in rows:
                 a, b = best(ours, args.repeat), best(theirs, args.repeat)

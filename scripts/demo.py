@@ -53,15 +53,18 @@ def main() -> int:
     job = None
     try:
         step("1. an allocation of 3 nodes (2 CPUs, 2 GPUs, 3000 MB each)")
-        out = run(["salloc", "--no-shell", "-N3", "-c2", "--gpus-per-node=2", "--mem=3000", "-J", "demo"], env)
+        salloc = ["salloc", "--no-shell", "-N3", "-c2", "--gpus-per-node=2", "--mem=3000", "-J", "demo"]
+        out = run(salloc, env)
         job = re.search(r"Granted job allocation (\d+)", out).group(1)
         env["SLURM_JOB_ID"] = job  # as inside `salloc` or an sbatch script
         run([sys.executable, "-m", "eray_provider.cli", "inspect"], env)
 
         step("2. ray up: head on the first node, workers started by the provider over srun")
         run(["ray", "up", "-y", str(CONFIG)], env, quiet=True)
-        code = ("import json,ray; ray.init(); print('ALIVE', json.dumps(sorted(n['Labels'].get('slurm-node','?') "
-                "for n in ray.nodes() if n['Alive'])))")
+        code = (
+            "import json,ray; ray.init(); print('ALIVE', json.dumps(sorted("
+            "n['Labels'].get('slurm-node','?') for n in ray.nodes() if n['Alive'])))"
+        )
         deadline = time.monotonic() + 180
         while True:
             out = subprocess.run(["ray", "exec", str(CONFIG), f"python -c {shlex.quote(code)}"],
