@@ -94,10 +94,8 @@ def with_docs_template(env: dict[str, str], head_sleep: float, worker_sleep: flo
     e = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
     e["RAY_AUTH_MODE"] = "disabled"
     procs = []
-    try:
-        t0 = time.monotonic()
-        head_ip = "10.77.0.11"
-        common = ["--block", "--num-cpus=2", "--disable-usage-stats"]
+
+    def start(node: str, *args: str) -> None:
         procs.append(
             subprocess.Popen(
                 [
@@ -107,42 +105,29 @@ def with_docs_template(env: dict[str, str], head_sleep: float, worker_sleep: flo
                     "-N1",
                     "-n1",
                     "-w",
-                    "node1",
+                    node,
                     "ray",
                     "start",
-                    "--head",
-                    f"--node-ip-address={head_ip}",
-                    f"--port={port}",
-                    "--include-dashboard=false",
-                    *common,
+                    "--block",
+                    "--num-cpus=2",
+                    "--disable-usage-stats",
+                    *args,
                 ],
                 env=e,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
         )
+
+    try:
+        t0 = time.monotonic()
+        head_ip = "10.77.0.11"
+        start(
+            "node1", "--head", f"--node-ip-address={head_ip}", f"--port={port}", "--include-dashboard=false"
+        )
         time.sleep(head_sleep)
         for k in range(2, NODES + 1):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        "srun",
-                        f"--jobid={job}",
-                        "--overlap",
-                        "-N1",
-                        "-n1",
-                        "-w",
-                        f"node{k}",
-                        "ray",
-                        "start",
-                        f"--address={head_ip}:{port}",
-                        *common,
-                    ],
-                    env=e,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            start(f"node{k}", f"--address={head_ip}:{port}")
             time.sleep(worker_sleep)
         return wait_alive(f"{head_ip}:{port}", e, t0)
     finally:

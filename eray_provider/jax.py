@@ -386,23 +386,21 @@ class ProcessGroup:
                 try:
                     results[rank] = ray.get(ref)
                 except (RayActorError, RayTaskError, GetTimeoutError) as e:
-                    node = self.nodes[rank] if rank < len(self.nodes) else "?"
-                    raise GroupError(
-                        f"rank {rank} on node {node} failed during {what}: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}",
-                        rank,
-                        node,
+                    first_line = str(e).splitlines()[0] if str(e) else ""
+                    raise self._rank_error(
+                        rank, f"failed during {what}: {type(e).__name__}: {first_line}"
                     ) from e
             if pending and deadline is not None and time.monotonic() >= deadline:
-                rank = index[pending[0]]
-                node = self.nodes[rank] if rank < len(self.nodes) else "?"
-                raise GroupError(
-                    f"rank {rank} on node {node} did not {what} within {self.timeout:.0f} s "
+                raise self._rank_error(
+                    index[pending[0]],
+                    f"did not {what} within {self.timeout:.0f} s "
                     f"({len(pending)} of {len(refs)} ranks missing)",
-                    rank,
-                    node,
                 )
         return [results[r] for r in range(len(refs))]
+
+    def _rank_error(self, rank: int, what: str) -> GroupError:
+        node = self.nodes[rank] if rank < len(self.nodes) else "?"
+        return GroupError(f"rank {rank} on node {node} {what}", rank, node)
 
     def _port_key(self, port: int) -> str:
         return _KV_PORT.format(job=os.environ.get("ERAY_JOB_ID", "local"), port=port)
