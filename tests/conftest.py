@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
-from testbed_support import TESTBED, Testbed, require
+from testbed_support import REPO, TESTBED, Testbed, require
 
 TESTBED_DIR = os.environ.get("ERAY_TESTBED_DIR", "/tmp/eray-testbed")
 
@@ -20,8 +21,9 @@ def testbed() -> Iterator[Testbed]:
     status = subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "status"], capture_output=True, text=True)
     started = False
     if status.returncode != 0:
+        # the checkout (and its .venv) must be visible on the nodes, as on a shared file system
         up = subprocess.run(
-            [str(TESTBED), "--dir", TESTBED_DIR, "up"],
+            [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO)],
             capture_output=True,
             text=True,
             timeout=1200,
@@ -29,7 +31,21 @@ def testbed() -> Iterator[Testbed]:
         if up.returncode != 0:
             require(f"the SLURM test bed did not come up: {up.stderr.strip()[-3000:]}")
         started = True
-    yield Testbed(TESTBED_DIR)
+    bed = Testbed(TESTBED_DIR)
+    seen = bed.on_node("node1", f"test -x {sys.executable} && echo visible", check=False).stdout
+    if "visible" not in seen:
+        require(
+            f"the running test bed does not share {REPO} with its nodes: run "
+            "`scripts/slurm-testbed down` (the tests bring it up with --share)"
+        )
+    # in-process code (load_allocation, the provider) runs scontrol with os.environ
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = bed.env["SLURM_CONF"]
+    yield bed
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
     if started:
         subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "down"], timeout=120)
 

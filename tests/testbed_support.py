@@ -69,8 +69,15 @@ class Testbed:
         """Run many ``scontrol`` commands in one process; one list of output lines each."""
         script = "".join(f"show hostnames ERAYMARK{i}\n{c}\n" for i, c in enumerate(commands))
         env = dict(self.env, TERM="dumb", COLUMNS="1000000")
+        # "Invalid hostlist" goes to stderr: read both streams in order
         proc = subprocess.run(
-            ["scontrol"], input=script, env=env, capture_output=True, text=True, timeout=timeout
+            ["scontrol"],
+            input=script,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
         )
         results: list[list[str]] = [[] for _ in commands]
         current = -1
@@ -79,5 +86,5 @@ class Testbed:
                 current = int(line[len("ERAYMARK") :])
             elif line and not line.startswith("scontrol:") and current >= 0:
                 results[current].append(line)
-        assert current == len(commands) - 1, f"scontrol stopped early: {proc.stderr[-2000:]}"
+        assert current == len(commands) - 1, f"scontrol stopped early: {proc.stdout[-2000:]}"
         return results
