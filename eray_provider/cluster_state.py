@@ -26,6 +26,8 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +106,18 @@ class ClusterState:
     def exists(self) -> bool:
         return self.state_path.exists()
 
-    def lock(self, timeout: float = 60):
-        """The cluster's lock, reentrant within a thread (one FileLock per state object)."""
+    @contextmanager
+    def lock(self, timeout: float = 60) -> Iterator[None]:
+        """The cluster's lock, reentrant within a thread (one FileLock per state object).
+
+        Reads inside it see every write another process made before it was acquired."""
         if self._lock is None:
             ensure_private_dir(self.base)
             ensure_private_dir(self.dir)
             self._lock = FileLock(str(self.dir / ".lock"))
-        return self._lock.acquire(timeout=timeout)
+        with self._lock.acquire(timeout=timeout):
+            self._cache = None
+            yield
 
     def create(self) -> None:
         """Create the directory tree, a fresh token and empty state (idempotent)."""

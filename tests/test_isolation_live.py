@@ -121,9 +121,12 @@ def test_racing_ray_up_builds_one_cluster(testbed: Testbed, tmp_path) -> None:
     j = job(testbed)
     cluster = Cluster(testbed, j, tmp_path, "race")
     results: list[int] = []
+    outputs: list[str] = []
 
     def up() -> None:
-        results.append(cluster.ray("up", "-y", str(cluster.config), check=False).returncode)
+        proc = cluster.ray("up", "-y", str(cluster.config), check=False)
+        results.append(proc.returncode)
+        outputs.append((proc.stdout + proc.stderr)[-3000:])
 
     try:
         threads = [threading.Thread(target=up) for _ in range(2)]
@@ -131,7 +134,7 @@ def test_racing_ray_up_builds_one_cluster(testbed: Testbed, tmp_path) -> None:
             t.start()
         for t in threads:
             t.join(timeout=400)
-        assert results == [0, 0]
+        assert results == [0, 0], "\n---\n".join(outputs)
         nodes = cluster.wait_nodes(3)
         assert len(nodes) == 3
         state = json.loads((cluster.state_dir / "state.json").read_text())
