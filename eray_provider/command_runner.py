@@ -143,7 +143,9 @@ class SrunCommandRunner(CommandRunnerInterface):
             unpack = f"mkdir -p {dest} && tar -C {dest} -xf -"
         else:
             pack = ["cat", src]
-            unpack = f'mkdir -p "$(dirname {dest})" && cat > {dest}'
+            # write then rename: a reader (the head's monitor, a racing `ray up`) never sees
+            # a half-written file
+            unpack = f'mkdir -p "$(dirname {dest})" && cat > {dest}.eray-$$ && mv -f {dest}.eray-$$ {dest}'
         self._pipe(pack, self._argv(self._shell(unpack, None)), f"copy {source} to {target}")
 
     def run_rsync_down(self, source: str, target: str, options: dict | None = None) -> None:
