@@ -68,6 +68,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .batch import run
+
+    command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+    options: dict = {}
+    if args.network:
+        options["network"] = args.network
+    if args.jax_env:
+        pairs = [kv.partition("=") for kv in args.jax_env]
+        bad = [k for k, sep, _ in pairs if not sep or not k]
+        if bad:
+            raise ValueError(f"--jax-env expects KEY=VALUE, got {args.jax_env!r}")
+        options["jax_env"] = {k: v for k, _, v in pairs}
+    return run(command, cluster_name=args.name, join_timeout=args.timeout, provider_options=options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eray-provider",
@@ -89,6 +105,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--no-scontrol", action="store_true", help="read the environment only, never scontrol")
     s.set_defaults(func=_cmd_inspect)
+
+    s = sub.add_parser(
+        "run",
+        help="in a batch script: the job's Ray cluster for the length of COMMAND",
+        description="Bring up the job's Ray cluster (head on the first node), wait until every "
+        "node has joined, run COMMAND as the driver here, tear everything down, exit with "
+        "COMMAND's status.",
+    )
+    s.add_argument("--name", default="run", help="cluster name (state dir <name>-<job id>)")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds for every node to join")
+    s.add_argument("--network", help="CIDR of the network Ray uses on nodes with several")
+    s.add_argument(
+        "--jax-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment default for every job's workers (JAX_PLATFORMS=cpu, ...)",
+    )
+    s.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    s.set_defaults(func=_cmd_run)
     return p
 
 

@@ -140,6 +140,7 @@ def main() -> int:
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
         state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
         state.write_marker(node_id, "pid", str(os.getpid()))
+        bootstrap = state.home / "ray_bootstrap_config.yaml"
         head_address = None
         if role == "worker":
             heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head"]
@@ -157,7 +158,8 @@ def main() -> int:
             head_address=head_address,
             dashboard_host=provider.get("dashboard_host"),
             object_store_fraction=float(provider["object_store_fraction"]),
-            autoscaling_config=str(state.home / "ray_bootstrap_config.yaml") if role == "head" else None,
+            # the launcher's config: present under `ray up`, absent under `eray-provider run`
+            autoscaling_config=str(bootstrap) if role == "head" and bootstrap.exists() else None,
             node_index=alloc.node_names.index(node_name),
         )
         n_workers = max(len(alloc.workers), 10)

@@ -1,0 +1,162 @@
+"""``eray-provider run -- COMMAND``: the job's Ray cluster for the length of one command.
+
+For batch scripts that never type ``ray up``. Run from the batch step (or with ``srun
+--ntasks-per-node=1``, where the task on the job's first node does the work and the others
+return at once), it builds the same cluster the provider builds (port plan, token,
+per-node temp dirs, resources, runtime hook): the head on the first node, every other
+node a worker, each in a step of its own. It waits until every node has joined (bounded
+by ``--timeout``), runs COMMAND once as the driver on this node with the cluster's address
+and token set, then cancels the cluster's steps, removes its temp dirs and state, and
+exits with COMMAND's status. SIGTERM/SIGINT (``scancel``, the end of the time limit) are
+passed to COMMAND and the cluster is torn down the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from .allocation import AllocationError
+from .cluster_config import fill_config
+from .cluster_state import ClusterState
+from .launch import (
+    LaunchError,
+    cluster_env,
+    ensure_port_plan,
+    gcs_alive_ips,
+    launch_head,
+    launch_workers,
+    stop_cluster,
+)
+from .node_spec import worker_types
+from .slurm_cli import load_allocation
+
+DEFAULT_JOIN_TIMEOUT = 300.0
+
+
+def _log(msg: str) -> None:
+    print(f"eray-provider run: {msg}", file=sys.stderr, flush=True)
+
+
+def _records(state: ClusterState, specs: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Node records (slurm node, role, type) in one write; returns slurm node -> node id."""
+    ids: dict[str, str] = {}
+
+    def add(doc):
+        for slurm_node, role, node_type in specs:
+            gen = doc.get("next_gen", 1)
+            doc["next_gen"] = gen + 1
+            node_id = f"{slurm_node}.{gen}"
+            doc["nodes"][node_id] = {
+                "slurm_node": slurm_node,
+                "role": role,
+                "tags": {"ray-user-node-type": node_type},
+                "gen": gen,
+                "created": time.time(),
+            }
+            ids[slurm_node] = node_id
+
+    state.update(add)
+    return ids
+
+
+def run(
+    command: Sequence[str],
+    cluster_name: str = "run",
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+    provider_options: dict | None = None,
+) -> int:
+    if not command:
+        raise ValueError("eray-provider run needs a command after --")
+    node_id_env = os.environ.get("SLURM_NODEID")
+    if os.environ.get("SLURM_STEP_ID") not in (None, "batch", "extern") and node_id_env not in (None, "0"):
+        _log(f"node {os.environ.get('SLURMD_NODENAME')}: the task on the job's first node runs the cluster")
+        return 0
+    alloc = load_allocation()
+    if alloc.state not in (None, "RUNNING"):
+        raise AllocationError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
+    base_config = {
+        "cluster_name": cluster_name,
+        "max_workers": -1,
+        "provider": {
+            "type": "external",
+            "module": "eray_provider.SlurmNodeProvider",
+            **(provider_options or {}),
+        },
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+    }
+    config = fill_config(base_config, alloc)
+    provider = config["provider"]
+    python = provider["python"]
+    state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
+    if state.exists():
+        raise AllocationError(f"a cluster {cluster_name!r} of job {alloc.job_id} already runs ({state.dir})")
+
+    proc: subprocess.Popen | None = None
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    t0 = time.monotonic()
+    try:
+        with state.lock(timeout=120):
+            state.create()
+            ensure_port_plan(state, alloc, python)
+            state.save_cluster_config({"provider": provider})
+        head = alloc.head.name
+        ids = _records(state, [(head, "head", "ray.head.slurm")])
+        address = launch_head(state, ids[head], head, {}, python)
+        _log(f"head on {head} at {address} ({time.monotonic() - t0:.1f} s)")
+        for batch, (node_type, shares) in enumerate(worker_types(alloc).items(), start=1):
+            worker_ids = _records(state, [(s.name, "worker", node_type) for s in shares])
+            launch_workers(state, worker_ids, node_type, python, batch)
+        _wait_joined(state, address, len(alloc.nodes), join_timeout, lambda: stopping)
+        _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s); running {' '.join(command)}")
+        proc = subprocess.Popen(list(command), env={**os.environ, **cluster_env(state)})
+        code = proc.wait()
+        _log(f"command exited {code}")
+        return code
+    except (LaunchError, AllocationError, TimeoutError) as e:
+        _log(f"error: {e}")
+        return 1
+    finally:
+        stop_cluster(state)
+        state.remove()
+        _log("cluster stopped")
+
+
+def _wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped) -> None:
+    """Until the GCS lists ``count`` alive nodes; names the nodes missing on timeout."""
+    deadline = time.monotonic() + timeout
+    alive: set[str] = set()
+    while time.monotonic() < deadline and not stopped():
+        failed = [n for n in state.markers() if n.endswith(".exit")]
+        if failed:
+            raise LaunchError(f"node(s) {[n[:-5] for n in failed]} exited while joining; see {state.logs}")
+        alive = gcs_alive_ips(state, address) or set()
+        if len(alive) >= count:
+            return
+        time.sleep(1)
+    recorded = {
+        name[: -len(".ip")]: state.read_marker(name[: -len(".ip")], "ip")
+        for name in state.markers()
+        if name.endswith(".ip")
+    }
+    missing = sorted(
+        rec["slurm_node"]
+        for node_id, rec in state.read()["nodes"].items()
+        if recorded.get(node_id) not in alive
+    )
+    raise TimeoutError(f"node(s) {missing} did not join within {timeout:.0f} s; see {state.logs}")

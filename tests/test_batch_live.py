@@ -1,0 +1,82 @@
+"""`eray-provider run` in sbatch jobs on the test bed: the cluster for one command."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from ray_cluster_support import VENV_BIN, cluster_pids, node_tmp_entries
+from testbed_support import REPO, Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+def sbatch(testbed: Testbed, out: Path, *driver_args: str) -> str:
+    env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
+    env.pop("SLURM_JOB_ID", None)
+    proc = testbed.run(
+        [
+            "sbatch",
+            f"--output={out}",
+            "--chdir",
+            str(REPO),
+            "examples/sbatch-ray.sh",
+            "tests/drivers/batch_driver.py",
+            *driver_args,
+        ],
+        env=env,
+    )
+    return re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+
+
+def wait_done(testbed: Testbed, job: str, timeout: float = 400) -> str:
+    """Poll SLURM (squeue, then scontrol) until the job ended; returns its ExitCode."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = testbed.run(["scontrol", "show", "job", job], check=False).stdout
+        state = re.search(r"JobState=(\S+)", out)
+        if state and state.group(1) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return re.search(r"ExitCode=(\d+):", out).group(1)
+        time.sleep(2)
+    testbed.cancel(job)
+    raise AssertionError(f"batch job {job} did not end within {timeout} s")
+
+
+def test_two_batch_jobs_share_nodes_and_exit_codes_pass_through(testbed: Testbed, tmp_path) -> None:
+    out_a, out_b = tmp_path / "a.out", tmp_path / "b.out"
+    job_a = sbatch(testbed, out_a)
+    job_b = sbatch(testbed, out_b, "3")
+    code_a, code_b = wait_done(testbed, job_a), wait_done(testbed, job_b)
+    text_a, text_b = out_a.read_text(), out_b.read_text()
+    assert code_a == "0", text_a[-3000:]
+    assert code_b == "3", text_b[-3000:]
+    for text in (text_a, text_b):
+        assert "TASKS node1 node2 node3" in text, text[-3000:]
+        assert "PSUM 6.0 6.0 6.0" in text
+        assert "cluster stopped" in text
+    for job in (job_a, job_b):
+        assert cluster_pids(job, "run") == []
+        for node in ("node1", "node2", "node3"):
+            assert node_tmp_entries(testbed, node, job) == []
+        assert not (Path.home() / ".eray-provider" / f"run-{job}").exists()
+
+
+def test_node_that_cannot_join_fails_in_bounded_time(testbed: Testbed, tmp_path) -> None:
+    """Nodes whose Ray cannot start (no interface in the requested network) make the job
+    fail with the reason, within a bounded time, instead of hanging."""
+    env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
+    out = tmp_path / "bad.out"
+    script = tmp_path / "bad.sh"
+    script.write_text(
+        "#!/bin/bash\nexec eray-provider run --timeout 60 --network 192.0.2.0/24 -- python -c 'print(1)'\n"
+    )
+    proc = testbed.run(["sbatch", "-N2", "-c1", "--mem=2000", f"--output={out}", str(script)], env=env)
+    job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    started = time.monotonic()
+    code = wait_done(testbed, job, timeout=200)
+    assert code != "0"
+    assert time.monotonic() - started < 150
+    text = out.read_text()
+    assert "192.0.2.0/24" in text and "cluster stopped" in text, text[-3000:]
