@@ -13,6 +13,14 @@ from testbed_support import REPO, Testbed
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
 
+@pytest.fixture
+def outdir(tmp_path) -> Path:
+    """Batch output is written on the job's first node: it must be on a shared path, not /tmp."""
+    path = REPO / ".test-output" / tmp_path.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def sbatch(testbed: Testbed, out: Path, *driver_args: str) -> str:
     env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
     env.pop("SLURM_JOB_ID", None)
@@ -44,8 +52,8 @@ def wait_done(testbed: Testbed, job: str, timeout: float = 400) -> str:
     raise AssertionError(f"batch job {job} did not end within {timeout} s")
 
 
-def test_two_batch_jobs_share_nodes_and_exit_codes_pass_through(testbed: Testbed, tmp_path) -> None:
-    out_a, out_b = tmp_path / "a.out", tmp_path / "b.out"
+def test_two_batch_jobs_share_nodes_and_exit_codes_pass_through(testbed: Testbed, outdir: Path) -> None:
+    out_a, out_b = outdir / "a.out", outdir / "b.out"
     job_a = sbatch(testbed, out_a)
     job_b = sbatch(testbed, out_b, "3")
     code_a, code_b = wait_done(testbed, job_a), wait_done(testbed, job_b)
@@ -63,12 +71,12 @@ def test_two_batch_jobs_share_nodes_and_exit_codes_pass_through(testbed: Testbed
         assert not (Path.home() / ".eray-provider" / f"run-{job}").exists()
 
 
-def test_node_that_cannot_join_fails_in_bounded_time(testbed: Testbed, tmp_path) -> None:
+def test_node_that_cannot_join_fails_in_bounded_time(testbed: Testbed, outdir: Path) -> None:
     """Nodes whose Ray cannot start (no interface in the requested network) make the job
     fail with the reason, within a bounded time, instead of hanging."""
     env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
-    out = tmp_path / "bad.out"
-    script = tmp_path / "bad.sh"
+    out = outdir / "bad.out"
+    script = outdir / "bad.sh"
     script.write_text(
         "#!/bin/bash\nexec eray-provider run --timeout 60 --network 192.0.2.0/24 -- python -c 'print(1)'\n"
     )
