@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from ray_cluster_support import Cluster, node_tmp_entries, run_attach, wait_gone
@@ -38,6 +39,12 @@ def test_config_asking_for_more_than_the_allocation_fails_first(testbed, ray_job
 
 def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
     cluster = Cluster(testbed, ray_job, tmp_path, "life")
+    # a token left in the user's ~/.ray must never decide anything
+    stray = Path.home() / ".ray" / "auth_token"
+    had_stray = stray.exists()
+    if not had_stray:
+        stray.parent.mkdir(exist_ok=True)
+        stray.write_text("a-stale-token-of-another-cluster")
     try:
         cluster.up()
         nodes = cluster.wait_nodes(3)
@@ -61,6 +68,11 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
             "node2",
             "node3",
         ]
+
+        refused = cluster.ray("dashboard", str(cluster.config), check=False, timeout=120)
+        assert refused.returncode != 0 and "Port forwarding is not available over srun" in (
+            refused.stdout + refused.stderr
+        )
 
         attached = run_attach(cluster, ["echo ATTACHED-$(hostname)-$RAY_AUTH_MODE"])
         assert "ATTACHED-node1-token" in attached
@@ -87,6 +99,8 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         assert cluster.down().returncode == 0  # twice is harmless
     finally:
         cluster.down(check=False)
+        if not had_stray:
+            stray.unlink(missing_ok=True)
 
 
 def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:
