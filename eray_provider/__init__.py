@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from .allocation import Allocation, AllocationError, NodeShare
+from .distributed import DistributedConfig
 from .hostlist import HostlistError, compress, expand, expand_counts
 from .ports import PortPlan
 
 __all__ = [
     "Allocation",
     "AllocationError",
+    "DistributedConfig",
     "HostlistError",
     "NodeShare",
     "PortPlan",

@@ -1,0 +1,69 @@
+"""DistributedConfig: the task layout from SLURM variables, and jax.distributed over srun."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from testbed_support import Testbed
+
+from eray_provider import DistributedConfig
+from eray_provider.allocation import AllocationError
+from eray_provider.distributed import local_device_ids, step_layout
+
+STEP = {
+    "SLURM_JOB_ID": "42",
+    "SLURM_STEP_NODELIST": "gpu[01-02],cpu7",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2),1",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURMD_NODENAME": "gpu02",
+}
+
+
+def test_layout_and_device_split() -> None:
+    layout = step_layout(STEP)
+    assert layout.nodes == ("gpu01", "gpu02", "cpu7") and layout.num_processes == 5
+    assert (layout.process_id, layout.local_id, layout.node_index, layout.local_count) == (3, 1, 1, 2)
+    assert local_device_ids(layout, "4,5,6,7") == [2, 3]
+    assert local_device_ids(layout, "") is None
+    with pytest.raises(AllocationError, match="cannot be split evenly"):
+        local_device_ids(layout, "0,1,2")
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x2)"}, "SLURM_STEP_TASKS_PER_NODE='2(x2)' has 2 entries"),
+        ({"SLURM_STEP_NODELIST": "gpu[2-1]"}, "SLURM_STEP_NODELIST='gpu[2-1]'"),
+        ({"SLURMD_NODENAME": "elsewhere"}, "SLURMD_NODENAME='elsewhere'"),
+        ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x'"),
+    ],
+)
+def test_malformed_layout_names_the_variable(change, fragment) -> None:
+    with pytest.raises(AllocationError) as info:
+        step_layout({**STEP, **change})
+    assert fragment in str(info.value)
+
+
+def test_outside_a_cluster_does_nothing() -> None:
+    assert DistributedConfig().initialize(env={}) is False
+    with pytest.raises(AllocationError, match="coordinator_address is needed"):
+        DistributedConfig(num_processes=2, process_id=0).initialize(env={})
+
+
+@pytest.mark.slurm
+def test_srun_three_tasks_get_one_jax_world(testbed: Testbed, allocation: str) -> None:
+    code = (
+        "from eray_provider import DistributedConfig; DistributedConfig(initialization_timeout=60)"
+        ".initialize(); import jax, socket; print('WORLD', jax.process_index(), jax.process_count(), "
+        "socket.gethostname(), flush=True)"
+    )
+    env = dict(testbed.env, JAX_PLATFORMS="cpu")
+    out = testbed.run(
+        ["srun", f"--jobid={allocation}", "--overlap", "-N3", "-n3", sys.executable, "-c", code],
+        env=env,
+        timeout=180,
+    ).stdout
+    rows = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("WORLD "))
+    assert rows == [["0", "3", "node1"], ["1", "3", "node2"], ["2", "3", "node3"]]
