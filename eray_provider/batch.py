@@ -27,10 +27,10 @@ from .launch import (
     LaunchError,
     cluster_env,
     ensure_port_plan,
-    gcs_alive_ips,
     launch_head,
     launch_workers,
     stop_cluster,
+    wait_joined,
 )
 from .node_spec import worker_types
 from .slurm_cli import load_allocation
@@ -43,25 +43,9 @@ def _log(msg: str) -> None:
 
 
 def _records(state: ClusterState, specs: list[tuple[str, str, str]]) -> dict[str, str]:
-    """Node records (slurm node, role, type) in one write; returns slurm node -> node id."""
-    ids: dict[str, str] = {}
-
-    def add(doc):
-        for slurm_node, role, node_type in specs:
-            gen = doc.get("next_gen", 1)
-            doc["next_gen"] = gen + 1
-            node_id = f"{slurm_node}.{gen}"
-            doc["nodes"][node_id] = {
-                "slurm_node": slurm_node,
-                "role": role,
-                "tags": {"ray-user-node-type": node_type},
-                "gen": gen,
-                "created": time.time(),
-            }
-            ids[slurm_node] = node_id
-
-    state.update(add)
-    return ids
+    """Node records (slurm node, role, node type); returns slurm node -> node id."""
+    ids = state.add_nodes([(node, role, {"ray-user-node-type": kind}) for node, role, kind in specs])
+    return {spec[0]: node_id for spec, node_id in zip(specs, ids)}
 
 
 def run(
@@ -122,7 +106,7 @@ def run(
         for batch, (node_type, shares) in enumerate(worker_types(alloc).items(), start=1):
             worker_ids = _records(state, [(s.name, "worker", node_type) for s in shares])
             launch_workers(state, worker_ids, node_type, python, batch)
-        _wait_joined(state, address, len(alloc.nodes), join_timeout, lambda: stopping)
+        wait_joined(state, address, len(alloc.nodes), join_timeout, lambda: stopping)
         _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s); running {' '.join(command)}")
         proc = subprocess.Popen(list(command), env={**os.environ, **cluster_env(state)})
         code = proc.wait()
@@ -135,28 +119,3 @@ def run(
         stop_cluster(state)
         state.remove()
         _log("cluster stopped")
-
-
-def _wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped) -> None:
-    """Until the GCS lists ``count`` alive nodes; names the nodes missing on timeout."""
-    deadline = time.monotonic() + timeout
-    alive: set[str] = set()
-    while time.monotonic() < deadline and not stopped():
-        failed = [n for n in state.markers() if n.endswith(".exit")]
-        if failed:
-            raise LaunchError(f"node(s) {[n[:-5] for n in failed]} exited while joining; see {state.logs}")
-        alive = gcs_alive_ips(state, address) or set()
-        if len(alive) >= count:
-            return
-        time.sleep(1)
-    recorded = {
-        name[: -len(".ip")]: state.read_marker(name[: -len(".ip")], "ip")
-        for name in state.markers()
-        if name.endswith(".ip")
-    }
-    missing = sorted(
-        rec["slurm_node"]
-        for node_id, rec in state.read()["nodes"].items()
-        if recorded.get(node_id) not in alive
-    )
-    raise TimeoutError(f"node(s) {missing} did not join within {timeout:.0f} s; see {state.logs}")

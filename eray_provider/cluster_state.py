@@ -167,6 +167,28 @@ class ClusterState:
             self.write(doc)
             return result
 
+    def add_nodes(self, specs: list[tuple[str, str, dict[str, str]]]) -> list[str]:
+        """Append node records ``(slurm node, role, tags)`` in one locked write; returns their
+        ids, ``<slurm node>.<generation>`` (a node started again gets a new id)."""
+        ids: list[str] = []
+
+        def add(doc: dict[str, Any]) -> None:
+            for slurm_node, role, tags in specs:
+                gen = doc.get("next_gen", 1)
+                doc["next_gen"] = gen + 1
+                node_id = f"{slurm_node}.{gen}"
+                doc["nodes"][node_id] = {
+                    "slurm_node": slurm_node,
+                    "role": role,
+                    "tags": dict(tags),
+                    "gen": gen,
+                    "created": time.time(),
+                }
+                ids.append(node_id)
+
+        self.update(add)
+        return ids
+
     # ---------------------------------------------------------------- ports / config / token
     def ports(self) -> PortPlan | None:
         path = self.dir / "ports.json"

@@ -77,7 +77,7 @@ _NODE_SPECIFIC = (
 )
 
 
-def _node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
+def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
     base = {k: v for k, v in os.environ.items() if not k.startswith(_NODE_SPECIFIC)}
     if "ERAY_USER_TMPDIR" in os.environ:  # launched from inside one of our Ray nodes
         base.pop("TMPDIR", None)
@@ -143,7 +143,7 @@ def launch_head(
         if not rec.get("launched") or state.read_marker(node_id, "exit") is not None:
             name = f"{step_prefix(state.cluster_name)}head.{rec['gen']}"
             argv = srun_argv(state.job_id, [slurm_node], [python, "-m", "eray_provider.node_run"], name=name)
-            proc = launch_detached(argv, log, _node_env(state, "head", {slurm_node: node_id}, extra_env))
+            proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             doc = json.loads(json.dumps(doc))
             doc["nodes"][node_id].update(step_name=name, launched=time.time())
             state.write(doc)
@@ -156,7 +156,7 @@ def launch_workers(
     """One srun step for a batch of workers (``slurm node -> node id``); does not wait."""
     name = f"{step_prefix(state.cluster_name)}workers.{batch}"
     argv = srun_argv(state.job_id, list(nodes), [python, "-m", "eray_provider.node_run"], name=name)
-    env = _node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
+    env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
     _mark_launched(state, list(nodes.values()), name)
     return launch_detached(argv, state.logs / f"workers.{batch}.log", env)
 
@@ -270,3 +270,28 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     subprocess.run(
         argv, env=clean_env(os.environ), capture_output=True, timeout=120, stdin=subprocess.DEVNULL
     )
+
+
+def wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped=lambda: False) -> None:
+    """Until the GCS lists ``count`` alive nodes; names the nodes missing on timeout."""
+    deadline = time.monotonic() + timeout
+    alive: set[str] = set()
+    while time.monotonic() < deadline and not stopped():
+        failed = [n for n in state.markers() if n.endswith(".exit")]
+        if failed:
+            raise LaunchError(f"node(s) {[n[:-5] for n in failed]} exited while joining; see {state.logs}")
+        alive = gcs_alive_ips(state, address) or set()
+        if len(alive) >= count:
+            return
+        time.sleep(1)
+    recorded = {
+        name[: -len(".ip")]: state.read_marker(name[: -len(".ip")], "ip")
+        for name in state.markers()
+        if name.endswith(".ip")
+    }
+    missing = sorted(
+        rec["slurm_node"]
+        for node_id, rec in state.read()["nodes"].items()
+        if recorded.get(node_id) not in alive
+    )
+    raise TimeoutError(f"node(s) {missing} did not join within {timeout:.0f} s; see {state.logs}")

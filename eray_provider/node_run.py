@@ -184,7 +184,12 @@ def main() -> int:
             _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
-        proc = subprocess.Popen(spec.argv(), env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+        argv = spec.argv()
+        # the `ray` of this Python's environment, also when its bin dir is not on PATH
+        beside = os.path.join(os.path.dirname(sys.executable), "ray")
+        if os.access(beside, os.X_OK):
+            argv[0] = beside
+        proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
 
         def forward(signum, _frame):
             proc.send_signal(signum)

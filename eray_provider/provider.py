@@ -14,7 +14,6 @@ all nodes (no subprocess per node, no O(N^2)).
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import time
@@ -248,27 +247,8 @@ class SlurmNodeProvider(NodeProvider):
                 return live[0]
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})
-            (node_id,) = self._new_records([(slurm_node, "head", tags)])
+            (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
         return node_id
-
-    def _new_records(self, specs: list[tuple[str, str, dict[str, str]]]) -> list[str]:
-        """Append node records in one write (caller holds the lock); ids carry a generation."""
-        doc = json.loads(json.dumps(self.state.read()))
-        ids = []
-        for slurm_node, role, tags in specs:
-            gen = doc.get("next_gen", 1)
-            node_id = f"{slurm_node}.{gen}"
-            doc["next_gen"] = gen + 1
-            doc["nodes"][node_id] = {
-                "slurm_node": slurm_node,
-                "role": role,
-                "tags": dict(tags),
-                "gen": gen,
-                "created": time.time(),
-            }
-            ids.append(node_id)
-        self.state.write(doc)
-        return ids
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
@@ -283,7 +263,7 @@ class SlurmNodeProvider(NodeProvider):
                 logger.warning("asked for %d workers, only %d SLURM nodes are free", count, len(free))
             if not free:
                 return
-            ids = dict(zip(free, self._new_records([(n, "worker", tags) for n in free])))
+            ids = dict(zip(free, self.state.add_nodes([(n, "worker", tags) for n in free])))
             batch = self.state.read()["next_gen"]
         launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
 
