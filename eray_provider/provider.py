@@ -16,9 +16,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import subprocess
 import time
 from typing import Any
 
+from ray.autoscaler._private.cli_logger import cli_logger
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
@@ -41,7 +43,7 @@ from .launch import (
 )
 from .slurm_cli import SlurmCommandError, load_allocation
 from .slurm_env import job_id_from_env
-from .srun import job_state, list_steps
+from .srun import cancel_steps, clean_env, job_state, list_steps, srun_argv
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +274,6 @@ class SlurmNodeProvider(NodeProvider):
         try:
             address = launch_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
         except LaunchError as e:
-            from ray.autoscaler._private.cli_logger import cli_logger
-
             cli_logger.abort(str(e))
         logger.info("head %s alive at %s", node_id, address)
 
@@ -296,8 +296,6 @@ class SlurmNodeProvider(NodeProvider):
         by_step: dict[str, list[str]] = {}
         for node_id in targets:
             by_step.setdefault(records[node_id].get("step_name", ""), []).append(node_id)
-        from .srun import cancel_steps
-
         whole = []
         for step_name, ids in by_step.items():
             members = [i for i, r in records.items() if r.get("step_name") == step_name]
@@ -318,10 +316,6 @@ class SlurmNodeProvider(NodeProvider):
 
     def _signal_node(self, node_id: str) -> None:
         """Stop one node of a multi-node step: SIGTERM to its node_run by recorded PID."""
-        import subprocess
-
-        from .srun import clean_env, srun_argv
-
         pid = self.state.read_marker(node_id, "pid")
         rec = self._records()[node_id]
         if not pid or not pid.isdigit():
