@@ -9,7 +9,7 @@ finds its coordinator on its head. Built from the environment (``slurm_env``) or
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
@@ -62,7 +62,6 @@ class Allocation:
     source: str = "environment"
     #: SLURM's job state when it was read through scontrol (``RUNNING``, ...).
     state: str | None = None
-    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.job_id or not self.job_id.isdigit():

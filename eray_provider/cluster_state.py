@@ -234,12 +234,3 @@ class ClusterState:
         else:
             self._markers = (now, self._markers[1])  # keep the identity: nothing changed
         return self._markers[1]
-
-    def wait_marker(self, node_id: str, kind: str, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = self.read_marker(node_id, kind)
-            if value:
-                return value
-            time.sleep(0.1)
-        return None

@@ -85,10 +85,6 @@ class PortPlan:
         named = [getattr(self, name) for name in NAMED]
         return [*named, *self.jax_ports, *range(self.min_worker, self.max_worker + 1)]
 
-    def listen_ports(self) -> list[int]:
-        """The ports Ray itself binds at start (probed before a node starts)."""
-        return [getattr(self, name) for name in NAMED]
-
     def to_dict(self) -> dict[str, int | str]:
         return asdict(self)
 

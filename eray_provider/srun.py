@@ -64,11 +64,10 @@ def srun_argv(
     return [*argv, *command]
 
 
-def bash_command(cmd: str, env: Mapping[str, str] | None = None, cwd_home: bool = True) -> list[str]:
-    """``bash -c`` with exports first; values quoted for the shell."""
+def bash_command(cmd: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """``bash -c`` run from $HOME with exports first; values quoted for the shell."""
     exports = "".join(f"export {k}={shlex.quote(str(v))}; " for k, v in (env or {}).items())
-    prefix = 'cd "$HOME" 2>/dev/null; ' if cwd_home else ""
-    return ["bash", "-c", exports + prefix + cmd]
+    return ["bash", "-c", exports + 'cd "$HOME" 2>/dev/null; ' + cmd]
 
 
 def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
