@@ -24,6 +24,7 @@ Slurm's ``SrunPortRange``, and JAX's SLURM formula range 61440-65535.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -169,7 +170,11 @@ def candidates(job_id: str, exclusions: Sequence[tuple[int, int]]) -> list[PortP
             f"no port block of {BLOCK} ports is left outside the excluded ranges {list(exclusions)}"
         )
     first = int(job_id) % len(starts)
-    return [plan_for_block(job_id, starts[(first + k) % len(starts)]) for k in range(len(starts))]
+    # the fallbacks in an order of the job's own: jobs with neighbouring ids must not all
+    # fall back to each other's first block (two jobs probing at once would both take it)
+    rest = [i for i in range(len(starts)) if i != first]
+    random.Random(int(job_id)).shuffle(rest)
+    return [plan_for_block(job_id, starts[i]) for i in (first, *rest)]
 
 
 def choose_plan(job_id: str, exclusions: Sequence[tuple[int, int]], busy: Iterable[int] = ()) -> PortPlan:

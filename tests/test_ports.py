@@ -48,13 +48,22 @@ def test_nearby_job_ids_never_share_a_port() -> None:
     assert choose_plan("1000", LINUX).block_start == choose_plan(str(1000 + n), LINUX).block_start
 
 
-def test_busy_ports_move_to_next_candidate() -> None:
+def test_busy_ports_move_to_another_candidate() -> None:
     first = choose_plan("42", LINUX)
     moved = choose_plan("42", LINUX, busy=[first.gcs])
     assert moved.block_start != first.block_start
     assert moved == candidates("42", LINUX)[1]
     worker_busy = choose_plan("42", LINUX, busy=[first.max_worker])
     assert worker_busy.block_start == moved.block_start
+    # every block is a candidate exactly once, and neighbouring jobs fall back differently
+    starts = [c.block_start for c in candidates("42", LINUX)]
+    assert sorted(starts) == sorted(set(starts)) and len(starts) == 44
+    onto_neighbour = [
+        j
+        for j in range(100, 144)
+        if candidates(str(j), LINUX)[1].block_start == candidates(str(j + 1), LINUX)[0].block_start
+    ]
+    assert len(onto_neighbour) <= 4, onto_neighbour
 
 
 def test_everything_busy_or_excluded() -> None:
