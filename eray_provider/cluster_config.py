@@ -78,19 +78,28 @@ def gone_config(config: dict[str, Any], job_id: str, reason: str) -> dict[str, A
         Path(out["provider"].get("state_dir") or default_base()).expanduser().resolve()
     )
     types = {HEAD_TYPE: {"resources": {}, "node_config": {}, "min_workers": 0, "max_workers": 0}}
-    _set_launcher_keys(out, types, 0)
+    set_launcher_keys(out, types, 0)
     return out
 
 
-def _set_launcher_keys(out: dict[str, Any], types: dict[str, Any], n_workers: int) -> None:
-    """Every key Ray's launcher reads, with the values a SLURM allocation needs."""
+def set_launcher_keys(
+    out: dict[str, Any],
+    types: dict[str, Any],
+    n_workers: int,
+    head_type: str = HEAD_TYPE,
+    elastic: bool = False,
+) -> None:
+    """Every key Ray's launcher reads, with the values a SLURM cluster needs. A fixed
+    allocation's nodes are all wanted at once and never idle out; an elastic cluster
+    keeps the user's (or Ray's) pace and idle timeout."""
+    if not elastic:
+        out["upscaling_speed"] = max(float(out.get("upscaling_speed", 0) or 0), 1000.0)
+        out["idle_timeout_minutes"] = out.get("idle_timeout_minutes", 60 * 24 * 365)
     out.update(
         {
             "max_workers": n_workers,
-            "upscaling_speed": max(float(out.get("upscaling_speed", 0) or 0), 1000.0),
-            "idle_timeout_minutes": out.get("idle_timeout_minutes", 60 * 24 * 365),
             "available_node_types": types,
-            "head_node_type": HEAD_TYPE,
+            "head_node_type": head_type,
             "auth": out.get("auth") or {},
             "file_mounts": out.get("file_mounts") or {},
             "cluster_synced_files": out.get("cluster_synced_files") or [],
@@ -152,7 +161,7 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
             FILLED: True,
         }
     )
-    _set_launcher_keys(out, types, len(alloc.workers))
+    set_launcher_keys(out, types, len(alloc.workers))
     # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
     provider["worker_setup_commands"] = out["worker_setup_commands"]
     return out

@@ -245,8 +245,10 @@ def stop_cluster(state: ClusterState) -> list[str]:
 def _remove_temp_dirs(state: ClusterState) -> None:
     """One srun over the nodes that recorded a temp dir; each removes only its own."""
     per_node: dict[str, list[str]] = {}
+    # nodes of other jobs (elastic workers) clean up after themselves
+    outside = {i for i, rec in state.read()["nodes"].items() if rec.get("slurm_job")}
     for name in state.markers():
-        if name.endswith(".tmpdir"):
+        if name.endswith(".tmpdir") and name[: -len(".tmpdir")] not in outside:
             value = state.read_marker(name[: -len(".tmpdir")], "tmpdir") or ""
             node, _, path = value.partition(" ")
             if node and path.startswith("/"):

@@ -25,6 +25,10 @@ import tempfile
 from .allocation import Allocation
 from .cluster_state import ClusterState
 from .node_spec import StartSpec
+from .port_probe import busy_ports
+from .ports import PortPlan, candidates, choose_plan
+from .sbatch import elastic_node_id
+from .slurm_cli import host_exclusions, load_allocation
 
 
 class NodeRunError(RuntimeError):
@@ -109,6 +113,14 @@ def _hide_slurm(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def local_port_plan(job_id: str) -> PortPlan:
+    """The port plan of a node in a job of its own (an elastic worker): its job's first
+    candidate block that is free on this node."""
+    exclusions = host_exclusions()
+    cands = candidates(job_id, exclusions)[:8]
+    return choose_plan(job_id, exclusions, busy_ports([p for c in cands for p in c.all_ports()]))
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -121,7 +133,12 @@ def main() -> int:
     env = os.environ
     state = ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
     node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    node_id = node_ids_from(env["ERAY_NODE_IDS"]).get(node_name)
+    # an elastic worker is a node of its own job, which the provider submitted with sbatch
+    own_job = env.get("SLURM_JOB_ID", "") if env.get("ERAY_ELASTIC") == "1" else None
+    if own_job is not None:
+        node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
+    else:
+        node_id = node_ids_from(env["ERAY_NODE_IDS"]).get(node_name)
     if node_id is None:
         print(f"eray-provider: node {node_name} is not in ERAY_NODE_IDS", file=sys.stderr)
         return 2
@@ -131,10 +148,16 @@ def main() -> int:
     try:
         config = state.cluster_config()
         provider = config["provider"]
-        alloc = Allocation.from_dict(provider["allocation"])
         plan = state.ports()
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")
+        if own_job is not None:
+            state.marker(node_id, "exit").unlink(missing_ok=True)  # a requeued job starts again
+            alloc = load_allocation(own_job)
+            node_plan = local_port_plan(own_job)
+        else:
+            alloc = Allocation.from_dict(provider["allocation"])
+            node_plan = plan
         ip = pick_ip(provider.get("network"))
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
@@ -150,10 +173,10 @@ def main() -> int:
             head_address = f"{head_ip}:{plan.gcs}"
         spec = StartSpec(
             share=alloc.node(node_name),
-            job_id=state.job_id,
+            job_id=alloc.job_id,
             role=role,
             ip=ip,
-            plan=plan,
+            plan=node_plan,
             temp_dir=tmp,
             head_address=head_address,
             dashboard_host=provider.get("dashboard_host"),
@@ -179,6 +202,9 @@ def main() -> int:
             AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
         )
         ray_env.pop("RAY_ADDRESS", None)
+        if role == "head" and provider.get("elastic"):
+            # worker jobs may wait in the queue far longer than Ray's default hour
+            ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(provider["pending_timeout_s"])
         ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
         if role == "worker":
             _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)

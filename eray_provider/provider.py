@@ -69,14 +69,18 @@ class SlurmNodeProvider(NodeProvider):
         if not job:
             raise AllocationError("provider.job_id is missing: the config was not bootstrapped")
         self._check_cached_config(provider_config)
-        self.job_id = str(job)
         self.python = provider_config.get("python") or "python3"
-        self.state = ClusterState(cluster_name, self.job_id, provider_config.get("state_dir"))
-        self._steps: tuple[float, dict[str, str] | None] = (0.0, {})
-        self._alive_cache: tuple[tuple, list[str]] | None = None
+        self._bind(str(job))
         if provider_config.get("job_gone"):
             # SLURM ended every process of the job; what is left is our bookkeeping
             self.state.remove()
+
+    def _bind(self, job_id: str) -> None:
+        """Attach to the cluster of ``job_id`` (the job that holds the head)."""
+        self.job_id = job_id
+        self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
+        self._steps: tuple[float, dict[str, str] | None] = (0.0, {})
+        self._alive_cache: tuple[tuple, list[str]] | None = None
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
@@ -93,11 +97,11 @@ class SlurmNodeProvider(NodeProvider):
         env_job = job_id_from_env(os.environ)
         if not provider_config.get("job_id_from_config") and env_job not in (
             None,
-            str(provider_config["job_id"]),
+            str(provider_config.get("job_id")),
         ):
             _unlink_quietly(cache)
             raise AllocationError(
-                f"Ray's cached config {cache} is for job {provider_config['job_id']}, but this "
+                f"Ray's cached config {cache} is for job {provider_config.get('job_id')}, but this "
                 f"is job {env_job}; the stale cache was removed: run the command again "
                 "(or pass --no-config-cache)"
             )
@@ -314,13 +318,14 @@ class SlurmNodeProvider(NodeProvider):
         if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
             self.stop_all()
 
-    def _signal_node(self, node_id: str) -> None:
+    def _signal_node(self, node_id: str, job_id: str | None = None) -> None:
         """Stop one node of a multi-node step: SIGTERM to its node_run by recorded PID."""
         pid = self.state.read_marker(node_id, "pid")
-        rec = self._records()[node_id]
-        if not pid or not pid.isdigit():
+        # node_run records "<slurm node> <temp dir>" on the node it runs on
+        slurm_node = (self.state.read_marker(node_id, "tmpdir") or "").partition(" ")[0]
+        if not pid or not pid.isdigit() or not slurm_node:
             return
-        argv = srun_argv(self.job_id, [rec["slurm_node"]], ["kill", "-TERM", pid])
+        argv = srun_argv(job_id or self.job_id, [slurm_node], ["kill", "-TERM", pid])
         subprocess.run(
             argv,
             env=clean_env(os.environ),

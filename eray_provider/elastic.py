@@ -1,0 +1,410 @@
+"""``SlurmJobProvider``: a Ray cluster that asks SLURM for its worker nodes with sbatch.
+
+Use ``provider: {type: external, module: eray_provider.SlurmJobProvider}`` with
+``cluster_yamls/slurm-autoscale.yaml``. The head runs as in ``SlurmNodeProvider`` on
+the first node of a job: the user's allocation, or a job of its own that ``ray up``
+submits (from a login node). Workers are SLURM jobs: each ``create_node`` submits
+``ceil(count / nodes)`` jobs of the node type's request, named
+``eray.<cluster>.<head job>.<type>``; every node of a job is a Ray node
+``j<job>-<index>``, started by the job's own srun step (``node_run``) which joins the head.
+
+Truth about workers comes from ``squeue`` (one call for all of the user's jobs, cached
+for ``JOB_CACHE_SECONDS``): a pending job is a pending node, a job that SLURM ended
+(failed to start, cancelled, preempted, out of time) makes its nodes terminated, so the
+autoscaler replaces them while the demand lasts. Jobs found in squeue without a record
+(a lost state file) are adopted by name. ``terminate_node`` cancels that node's job;
+``ray down`` cancels every job of the cluster's head and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from ray.autoscaler._private.cli_logger import cli_logger
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
+from .allocation import AllocationError, JobGoneError
+from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
+from .elastic_config import fill_elastic_config, head_mode, node_request
+from .hostlist import expand
+from .launch import node_env
+from .provider import SlurmNodeProvider
+from .sbatch import (
+    JobInfo,
+    SbatchRequest,
+    elastic_node_id,
+    head_job_name,
+    parse_worker_job_name,
+    worker_job_name,
+)
+from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_env import job_id_from_env
+from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
+from .srun import clean_env, job_state
+
+logger = logging.getLogger(__name__)
+
+JOB_CACHE_SECONDS = 5.0
+#: A submitted job that squeue does not list yet still counts as pending for this long.
+SUBMIT_GRACE_SECONDS = 30.0
+HEAD_START_TIMEOUT = 900.0
+#: Placeholder job of a cluster whose head job ``ray up`` has yet to submit.
+NO_JOB = "0"
+
+
+def _parse_node_id(node_id: str) -> tuple[str, int] | None:
+    """``j<job>-<index>`` -> (job, index); None for the head's ids."""
+    if not node_id.startswith("j"):
+        return None
+    job, _, index = node_id[1:].partition("-")
+    return (job, int(index)) if job.isdigit() and index.isdigit() else None
+
+
+class SlurmJobProvider(SlurmNodeProvider):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
+        self._warned: set[str] = set()
+        if provider_config.get("job_id"):
+            super().__init__(provider_config, cluster_name)
+            return
+        # the head's job was not running when the config was filled (maybe in a cached
+        # config): `ray up` submits it in create_node
+        NodeProvider.__init__(self, provider_config, cluster_name)
+        self._check_cached_config(provider_config)
+        self.python = provider_config.get("python") or "python3"
+        self._bind(NO_JOB)
+        head = _live_head_job(cluster_name)
+        if head is not None and head.state == "RUNNING":
+            self._use_head_job(head.job_id)
+
+    # ------------------------------------------------------------------ config
+    @staticmethod
+    def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        provider = cluster_config["provider"]
+        if provider.get(FILLED):
+            return cluster_config
+        env_job = job_id_from_env(os.environ)
+        mode = head_mode(provider, env_job is not None)
+        job = provider.get("job_id") or (env_job if mode == "allocation" else None)
+        head_owned = False
+        if job is None:
+            head = _live_head_job(cluster_config["cluster_name"])
+            if head is not None and head.state == "RUNNING":
+                job, head_owned = head.job_id, True
+        head_alloc = None
+        if job is not None:
+            try:
+                head_alloc = load_allocation(str(job))
+                if head_alloc.state not in (None, "RUNNING"):
+                    raise JobGoneError(f"job {head_alloc.job_id} is {head_alloc.state}")
+            except JobGoneError as e:
+                logger.warning("%s: the cluster on it is gone", e)
+                return gone_config(cluster_config, str(job), str(e))
+        filled = fill_elastic_config(cluster_config, head_alloc)
+        filled["provider"]["job_id_from_config"] = bool(provider.get("job_id"))
+        filled["provider"]["head_job_owned"] = head_owned
+        _check_requests(filled)
+        return filled
+
+    # ------------------------------------------------------------------ squeue
+    def _jobs(self) -> dict[str, JobInfo]:
+        """This cluster's worker jobs (and the head's own job), refreshed every few seconds."""
+        stamp, jobs = self._jobs_cache
+        if time.monotonic() - stamp > JOB_CACHE_SECONDS:
+            try:
+                jobs = list_jobs(f"eray.{self.cluster_name}.")
+            except SlurmCommandError as e:
+                logger.warning("squeue failed, keeping the last job list: %s", e)
+            self._jobs_cache = (time.monotonic(), jobs)
+            self._report_stuck(jobs)
+        return jobs
+
+    def _report_stuck(self, jobs: dict[str, JobInfo]) -> None:
+        for job in jobs.values():
+            if job.hopeless and job.job_id not in self._warned:
+                self._warned.add(job.job_id)
+                logger.error(
+                    "SLURM job %s (%s) cannot start: %s. Fix the node type's sbatch request; "
+                    "`scancel %s` to give up on it",
+                    job.job_id,
+                    job.name,
+                    job.reason,
+                    job.job_id,
+                )
+
+    def _worker_jobs(self) -> dict[str, tuple[JobInfo, str]]:
+        """Live worker jobs of this cluster's head: job id -> (info, node type)."""
+        out = {}
+        for job in self._jobs().values():
+            parsed = parse_worker_job_name(job.name, self.cluster_name)
+            if parsed and parsed[0] == self.job_id and job.live:
+                out[job.job_id] = (job, parsed[1])
+        return out
+
+    # ------------------------------------------------------------------ node view
+    def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
+        if "slurm_job" in rec:
+            return False  # worker jobs are judged by _elastic_ids
+        return super()._alive(node_id, rec, markers, steps)
+
+    def _elastic_ids(self) -> list[str]:
+        if self.job_id == NO_JOB:
+            return []
+        records = self._records()
+        markers = self.state.markers()
+        jobs = self._worker_jobs()
+        ids = []
+        for job, _node_type in jobs.values():
+            for index in range(max(job.num_nodes, 1)):
+                node_id = elastic_node_id(job.job_id, index)
+                rec = records.get(node_id, {})
+                if not rec.get("terminated") and f"{node_id}.exit" not in markers:
+                    ids.append(node_id)
+        now = time.time()
+        for node_id, rec in records.items():
+            job = rec.get("slurm_job")
+            if (
+                job
+                and job not in jobs
+                and not rec.get("terminated")
+                and now - rec["created"] < SUBMIT_GRACE_SECONDS
+                and job not in self._jobs()  # listed but ended: gone at once
+            ):
+                ids.append(node_id)
+        return ids
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        ids = super().non_terminated_nodes(tag_filters)
+        for node_id in self._elastic_ids():
+            if not tag_filters or self._matches({"tags": self.node_tags(node_id)}, tag_filters):
+                ids.append(node_id)
+        return ids
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        rec = self._records().get(node_id)
+        if rec:
+            return dict(rec["tags"])
+        parsed = _parse_node_id(node_id)
+        found = self._worker_jobs().get(parsed[0]) if parsed else None
+        if found is None:
+            return {}
+        # adopted from squeue (the record was lost): what its job name says
+        return {
+            TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+            TAG_RAY_USER_NODE_TYPE: found[1],
+            TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE,
+        }
+
+    def is_running(self, node_id: str) -> bool:
+        parsed = _parse_node_id(node_id)
+        if parsed is None:
+            return super().is_running(node_id)
+        found = self._worker_jobs().get(parsed[0])
+        return bool(found and found[0].state == "RUNNING" and node_id in self._elastic_ids())
+
+    def is_terminated(self, node_id: str) -> bool:
+        if _parse_node_id(node_id) is None:
+            return super().is_terminated(node_id)
+        return node_id not in self._elastic_ids()
+
+    def internal_ip(self, node_id: str) -> str:
+        parsed = _parse_node_id(node_id)
+        if parsed is None:
+            return super().internal_ip(node_id)
+        ip = self.state.read_marker(node_id, "ip")
+        if ip:
+            return ip
+        found = self._worker_jobs().get(parsed[0])
+        if found and found[0].nodelist:
+            names = expand(found[0].nodelist)
+            if parsed[1] < len(names):
+                return names[parsed[1]]
+        return node_id
+
+    # ------------------------------------------------------------------ create
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
+        if self.provider_config.get("job_gone"):
+            raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
+        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            if self.job_id == NO_JOB:
+                self._start_head_job(node_config)
+            self._create_head(self._allocation().head.name, tags)
+            return None
+        self._submit_workers(node_config, tags, count)
+        return None
+
+    def _start_head_job(self, node_config: dict[str, Any]) -> None:
+        """Submit the head's own job (or find the one a racing `ray up` submitted), wait
+        until SLURM runs it, and complete the provider config with it."""
+        name = head_job_name(self.cluster_name)
+        head = _live_head_job(self.cluster_name)
+        if head is None:
+            request = node_request(self.provider_config, node_config, "head")
+            log = self._head_log("%j")
+            self.state.base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            job = submit(request, name, "#!/bin/bash\nexec sleep infinity\n", log, clean_env(os.environ))
+            cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
+        else:
+            job = head.job_id
+            cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
+        deadline = time.monotonic() + float(
+            self.provider_config.get("head_start_timeout_s", HEAD_START_TIMEOUT)
+        )
+        reason = ""
+        while True:
+            info = list_jobs(name).get(job)
+            if info is None or not info.live:
+                raise AllocationError(
+                    f"the head's SLURM job {job} ended before it started"
+                    + (f" ({info.state}, {info.reason})" if info else "")
+                )
+            if info.state == "RUNNING":
+                break
+            if info.hopeless or time.monotonic() > deadline:
+                cancel_jobs([job])
+                raise AllocationError(
+                    f"the head's SLURM job {job} did not start ({info.state}, reason {info.reason}); "
+                    "it was cancelled"
+                )
+            if info.reason != reason:
+                reason = info.reason
+                cli_logger.print(f"The head's SLURM job {job} is {info.state} ({reason})")
+            time.sleep(1)
+        self._use_head_job(job)
+
+    def _use_head_job(self, job: str) -> None:
+        """Complete the provider config with the head's running job, and attach to it."""
+        alloc = select_nodes(load_allocation(job), self.provider_config, 0)
+        self.provider_config.update(_head_fields(job, alloc.to_dict()))
+        self._bind(job)
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """The config written for the head names the head's job (submitted after the
+        CLI filled its config)."""
+        if self.job_id != NO_JOB and not cluster_config["provider"].get("job_id"):
+            cluster_config["provider"].update(_head_fields(self.job_id, self.provider_config["allocation"]))
+        return cluster_config
+
+    def _submit_workers(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
+        node_type = tags[TAG_RAY_USER_NODE_TYPE]
+        request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
+        tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+        self.state.create()
+        env = node_env(self.state, "worker", {}, {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type})
+        name = worker_job_name(self.cluster_name, self.job_id, node_type)
+        for _ in range(math.ceil(count / request.nodes)):
+            job = submit(request, name, batch_script(self.python), self.state.logs / "job-%j.log", env)
+            now = time.time()
+
+            def add(doc, job=job, now=now):
+                for index in range(request.nodes):
+                    doc["nodes"][elastic_node_id(job, index)] = {
+                        "slurm_job": job,
+                        "role": "worker",
+                        "tags": dict(tags),
+                        "created": now,
+                    }
+
+            self.state.update(add)
+            logger.info("submitted SLURM job %s for %d %s node(s)", job, request.nodes, node_type)
+
+    # ------------------------------------------------------------------ terminate
+    def terminate_nodes(self, node_ids: list[str]) -> None:
+        fixed = [i for i in node_ids if _parse_node_id(i) is None]
+        by_job: dict[str, list[str]] = {}
+        for node_id in node_ids:
+            parsed = _parse_node_id(node_id)
+            if parsed:
+                by_job.setdefault(parsed[0], []).append(node_id)
+        if by_job:
+            self._terminate_workers(by_job)
+        if fixed:
+            super().terminate_nodes(fixed)
+
+    def _terminate_workers(self, by_job: dict[str, list[str]]) -> None:
+        jobs = self._worker_jobs()
+        records = self._records()
+        whole = []
+        for job, ids in by_job.items():
+            size = jobs[job][0].num_nodes if job in jobs else len(ids)
+            others = [
+                elastic_node_id(job, i)
+                for i in range(size)
+                if elastic_node_id(job, i) not in ids
+                and not records.get(elastic_node_id(job, i), {}).get("terminated")
+            ]
+            if others:
+                for node_id in ids:  # the job's other nodes are still wanted
+                    self._signal_node(node_id, job)
+            else:
+                whole.append(job)
+        cancel_jobs(whole)
+
+        def mark(doc):
+            for job, ids in by_job.items():
+                for node_id in ids:
+                    rec = doc["nodes"].setdefault(node_id, {"slurm_job": job, "role": "worker", "tags": {}})
+                    rec.update(terminated=True, created=rec.get("created", time.time()))
+
+        if self.state.exists():
+            self.state.update(mark)
+        self._jobs_cache = (0.0, self._jobs_cache[1])
+
+    def stop_all(self) -> None:
+        """``ray down``: cancel the cluster's worker jobs, stop the head, and cancel the
+        head's job when ``ray up`` submitted it."""
+        try:
+            ours = [j.job_id for j in list_jobs(f"eray.{self.cluster_name}.{self.job_id}.").values()]
+        except SlurmCommandError as e:
+            logger.warning("cannot list the cluster's jobs: %s", e)
+            ours = []
+        recorded = {r["slurm_job"] for r in self._records().values() if r.get("slurm_job")}
+        cancel_jobs(sorted(set(ours) | (recorded & set(self._jobs()))))
+        owned = self.provider_config.get("head_job_owned")
+        if self.job_id != NO_JOB:
+            super().stop_all()
+        if owned:
+            if job_state(self.job_id) is not None:
+                cancel_jobs([self.job_id])
+            self._head_log(self.job_id).unlink(missing_ok=True)
+
+    def _head_log(self, job: str):
+        return self.state.base / f"{self.cluster_name}-head-{job}.log"
+
+
+def _head_fields(job: str, allocation: dict[str, Any]) -> dict[str, Any]:
+    return {"job_id": job, "allocation": allocation, "head_job_owned": True, "job_id_from_config": True}
+
+
+def _live_head_job(cluster: str) -> JobInfo | None:
+    """The head's own job of ``cluster`` (submitted by an earlier or racing ``ray up``)."""
+    heads = [
+        j for j in list_jobs(head_job_name(cluster)).values() if j.name == head_job_name(cluster) and j.live
+    ]
+    return min(heads, key=lambda j: int(j.job_id)) if heads else None
+
+
+def _check_requests(config: dict[str, Any]) -> None:
+    """SLURM's verdict on every worker type's request, before anything is submitted, so
+    that ``ray up`` shows a refusal instead of the autoscaler failing in a log later."""
+    env = clean_env(os.environ)
+    for name, spec in config["available_node_types"].items():
+        if name == config["head_node_type"] and config["provider"].get("job_id"):
+            continue
+        request = node_request(config, spec["node_config"], name)
+        try:
+            check_request(request, f"available_node_types.{name}", env)
+        except SlurmCommandError as e:
+            raise ClusterConfigError(str(e)) from e

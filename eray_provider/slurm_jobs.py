@@ -1,0 +1,102 @@
+"""Submitting, listing and cancelling the cluster's own SLURM jobs (sbatch, squeue, scancel).
+
+The elastic provider's only way to get and give back nodes. Each call is one SLURM
+command with a timeout; ``list_jobs`` is one ``squeue`` for all of the user's jobs, so
+the autoscaler's per-round cost does not grow with the number of nodes.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
+from .slurm_cli import DEFAULT_TIMEOUT, SlurmCommandError, run_slurm
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def batch_script(python: str) -> str:
+    """The job's script: one long-lived step, one ``node_run`` per node (the Ray node).
+
+    ``--overlap`` is not needed (the batch step holds no CPUs of the tasks); the step
+    ends when Ray ends on every node, and so does the job.
+    """
+    return (
+        "#!/bin/bash\n"
+        "exec srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet "
+        f"{python} -m eray_provider.node_run\n"
+    )
+
+
+def sbatch_argv(request: SbatchRequest, name: str, log: Path, test_only: bool = False) -> list[str]:
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--open-mode=append"]
+    if test_only:
+        argv.append("--test-only")
+    return [*argv, *request.argv()]
+
+
+def submit(
+    request: SbatchRequest, name: str, script: str, log: Path, env: Mapping[str, str], timeout: float = 60
+) -> str:
+    """Submit one job; returns its id. ``SlurmCommandError`` quotes SLURM's refusal."""
+    argv = sbatch_argv(request, name, log)
+    try:
+        proc = subprocess.run(
+            argv, input=script, capture_output=True, text=True, timeout=timeout, env=dict(env)
+        )
+    except FileNotFoundError as e:
+        raise SlurmCommandError("sbatch is not installed or not on PATH") from e
+    except subprocess.TimeoutExpired as e:
+        raise SlurmCommandError(f"sbatch did not answer within {timeout:.0f} s") from e
+    if proc.returncode != 0:
+        raise SlurmCommandError(f"sbatch refused job {name}: {(proc.stderr or proc.stdout).strip()}")
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmCommandError(f"sbatch printed no job id for {name}: {proc.stdout!r}")
+    return job_id
+
+
+def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) -> None:
+    """``sbatch --test-only``: SLURM's verdict on the request without submitting anything
+    (unknown partition, account or QOS, more nodes or CPUs than exist)."""
+    argv = sbatch_argv(request, "eray-check", Path("/dev/null"), test_only=True)
+    try:
+        proc = subprocess.run(
+            argv,
+            input="#!/bin/bash\ntrue\n",
+            capture_output=True,
+            text=True,
+            timeout=DEFAULT_TIMEOUT,
+            env=dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmCommandError(f"{where}: sbatch --test-only failed: {e}") from e
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
+        raise SlurmCommandError(f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}")
+
+
+def list_jobs(prefix: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
+    """The user's jobs whose name starts with ``prefix`` (one squeue call)."""
+    out = run_slurm(["squeue", "-h", "-u", _user(), "-o", SQUEUE_FORMAT], timeout)
+    return {k: v for k, v in parse_squeue(out).items() if v.name.startswith(prefix)}
+
+
+def cancel_jobs(job_ids: Sequence[str]) -> None:
+    """One scancel for the given jobs; jobs that already ended are not an error."""
+    if not job_ids:
+        return
+    try:
+        run_slurm(["scancel", *job_ids], timeout=DEFAULT_TIMEOUT)
+    except SlurmCommandError as e:
+        if "Invalid job id" not in str(e) and "already completing" not in str(e):
+            raise

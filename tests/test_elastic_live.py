@@ -1,0 +1,122 @@
+"""SlurmJobProvider on the real test bed: the autoscaler submits and cancels SLURM jobs.
+
+From the login side (no allocation): ``ray up`` submits the head's own job; work that
+needs two more nodes makes the autoscaler submit two worker jobs which join and run it;
+idle workers' jobs are cancelled; a cancelled worker job is replaced while it is needed;
+``ray down`` leaves no job of the cluster.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from ray_cluster_support import Cluster
+from testbed_support import REPO, Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+class ElasticCluster(Cluster):
+    """``cluster_yamls/slurm-autoscale.yaml`` driven from the login side."""
+
+    def __init__(self, testbed: Testbed, workdir: Path, name: str, **config) -> None:
+        super().__init__(testbed, "0", workdir, name, login_side=True)
+        base = yaml.safe_load((REPO / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
+        base["cluster_name"] = name
+        types = base["available_node_types"]
+        types["head"]["node_config"]["sbatch"] = {"cpus_per_node": 2, "mem": "1500M", "time": "30:00"}
+        types["cpu"]["node_config"]["sbatch"] = {"cpus_per_node": 2, "mem": "1200M", "time": "30:00"}
+        base["provider"].update(config.pop("provider", {}))
+        base.update(config)
+        self.config.write_text(yaml.safe_dump(base))
+
+    def jobs(self) -> dict[str, str]:
+        """This cluster's SLURM jobs in squeue: id -> name."""
+        out = self.testbed.run(["squeue", "-h", "-o", "%i %j"]).stdout
+        return {
+            line.split()[0]: line.split()[1]
+            for line in out.splitlines()
+            if line.split()[1].startswith(f"eray.{self.name}.")
+        }
+
+    def wait_jobs(self, predicate, timeout: float, what: str) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        jobs = self.jobs()
+        while time.monotonic() < deadline:
+            jobs = self.jobs()
+            if predicate(jobs):
+                return jobs
+            time.sleep(1)
+        raise AssertionError(f"{what} not seen within {timeout} s; jobs: {jobs}")
+
+
+def workers(jobs: dict[str, str]) -> set[str]:
+    return {j for j, name in jobs.items() if not name.endswith(".head")}
+
+
+def test_refused_request_fails_ray_up_with_slurms_reason(testbed, tmp_path) -> None:
+    cluster = ElasticCluster(testbed, tmp_path, "elbad", provider={"sbatch": {"partition": "nosuchpart"}})
+    proc = cluster.ray("up", "-y", str(cluster.config), check=False, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "available_node_types.cpu" in out and "Invalid partition name" in out, out[-2000:]
+    assert cluster.jobs() == {}
+
+
+def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, tmp_path) -> None:
+    cluster = ElasticCluster(testbed, tmp_path, "elastic", idle_timeout_minutes=0.5)
+    try:
+        cluster.up()
+        jobs = cluster.jobs()
+        assert list(jobs.values()) == ["eray.elastic.head"], jobs  # min_workers 0: head only
+        (head_job,) = jobs
+
+        out = cluster.ray(
+            "submit", str(cluster.config), "tests/drivers/elastic_demand.py", timeout=600
+        ).stdout
+        ran = [line.split()[1:] for line in out.splitlines() if line.startswith("RAN ")]
+        assert len(ran) == 3, out[-3000:]
+        ran_jobs = {job for _node, job in ran}
+        assert head_job in ran_jobs and len(ran_jobs) == 3, ran  # two worker jobs ran tasks
+        for job in ran_jobs - {head_job}:
+            name = testbed.run(["squeue", "-h", "-j", job, "-o", "%j"], check=False).stdout.strip()
+            assert name in ("", f"eray.elastic.{head_job}.cpu"), name
+
+        # idle workers are given back: their jobs are cancelled
+        cluster.wait_jobs(lambda j: not workers(j), timeout=180, what="idle worker jobs cancelled")
+        assert head_job in cluster.jobs()
+
+        # a worker's job cancelled while it is needed is replaced
+        hold = subprocess.Popen(
+            ["ray", "submit", str(cluster.config), "tests/drivers/elastic_hold.py", "--", "400"],
+            env=cluster.env,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            ready = None
+            lines = []
+            for line in hold.stdout:
+                lines.append(line)
+                if line.startswith("READY"):
+                    ready = line.split()[1:]
+                    break
+            assert ready and len(ready) == 2, "".join(lines[-40:])
+            testbed.run(["scancel", ready[0]])
+            rest = hold.communicate(timeout=500)[0]
+        finally:
+            if hold.poll() is None:
+                hold.kill()
+        replaced = [line.split()[1:] for line in rest.splitlines() if line.startswith("REPLACED")]
+        assert hold.returncode == 0 and replaced, rest[-3000:]
+        assert ready[0] not in replaced[0] and ready[1] in replaced[0]
+    finally:
+        cluster.down(check=False)
+    assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
+    assert not any(p.name.startswith("elastic-") for p in (Path.home() / ".eray-provider").iterdir())

@@ -1,0 +1,168 @@
+"""Pure parts of the elastic provider: sbatch requests, job names, squeue parsing, config."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+from eray_provider.allocation import Allocation, NodeShare
+from eray_provider.cluster_config import ClusterConfigError
+from eray_provider.elastic_config import fill_elastic_config, head_mode
+from eray_provider.node_spec import memory_split
+from eray_provider.sbatch import (
+    SbatchRequest,
+    SbatchRequestError,
+    elastic_node_id,
+    parse_mem,
+    parse_squeue,
+    parse_worker_job_name,
+    worker_job_name,
+)
+from eray_provider.slurm_jobs import batch_script, sbatch_argv
+
+YAML = yaml.safe_load((Path(__file__).parent.parent / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
+
+
+def test_request_to_sbatch_options_and_resources() -> None:
+    req = SbatchRequest.from_config(
+        {
+            "nodes": 2,
+            "cpus_per_node": 8,
+            "gpus_per_node": "a100:4",
+            "mem": "64G",
+            "time": "2:00:00",
+            "constraint": "ib",
+            "extra": ["--exclusive"],
+        },
+        {"partition": "gpu", "account": "proj", "qos": "normal"},
+        "t",
+    )
+    assert req.argv() == [
+        "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8", "--gpus-per-node=a100:4", "--mem=65536M",
+        "--partition=gpu", "--account=proj", "--qos=normal", "--time=2:00:00", "--constraint=ib",
+        "--exclusive",
+    ]  # fmt: skip
+    res = req.resources(0.3)
+    heap, store = memory_split(NodeShare("x", 8, 4, "a100", 65536), 0.3)
+    assert res == {
+        "CPU": 8,
+        "GPU": 4,
+        "accelerator_type:A100": 1.0,
+        "memory": heap,
+        "object_store_memory": store,
+    }
+    # a node type's own value wins over provider.sbatch
+    assert (
+        "--partition=debug"
+        in SbatchRequest.from_config(
+            {"cpus_per_node": 1, "partition": "debug"}, {"partition": "gpu"}, "t"
+        ).argv()
+    )
+    plain = SbatchRequest.from_config({"cpus_per_node": 4}, None, "t")
+    assert plain.resources() == {"CPU": 4} and "--mem" not in " ".join(plain.argv())
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        ({}, "t.cpus_per_node is required"),
+        ({"cpus_per_node": 0}, "t.cpus_per_node: expected a positive integer, got 0"),
+        ({"cpus_per_node": 2, "nodes": "two"}, "t.nodes: expected a positive integer, got 'two'"),
+        ({"cpus_per_node": 2, "mem": "lots"}, "t.mem: expected MiB or a size like 4G, got 'lots'"),
+        ({"cpus_per_node": 2, "gpus_per_node": "a100:x"}, "t.gpus_per_node='a100:x'"),
+        ({"cpus_per_node": 2, "partitoin": "gpu"}, "unknown option(s) ['partitoin']"),
+        ({"cpus_per_node": 2, "extra": "--exclusive"}, "t.extra: expected a list of sbatch options"),
+        ({"cpus_per_node": 2, "partition": "a b"}, "t.partition: expected one word, got 'a b'"),
+        ("cpus=2", "t: expected a mapping of sbatch options, got 'cpus=2'"),
+    ],
+)
+def test_bad_requests_name_the_field_and_value(request_, needle) -> None:
+    with pytest.raises(SbatchRequestError) as e:
+        SbatchRequest.from_config(request_, None, "t")
+    assert needle in str(e.value)
+
+
+@given(st.integers(1, 10**6), st.sampled_from(["", "K", "M", "G", "T", "m", "g"]))
+def test_parse_mem_units(n: int, unit: str) -> None:
+    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[unit.upper()]
+    assert parse_mem(f"{n}{unit}", "t") == max(1, int(n * factor))
+
+
+def test_job_names_round_trip_and_ignore_other_clusters() -> None:
+    name = worker_job_name("my.cluster", "123", "gpu.big")
+    assert parse_worker_job_name(name, "my.cluster") == ("123", "gpu.big")
+    assert parse_worker_job_name(name, "my") is None  # a cluster whose name is a prefix
+    assert parse_worker_job_name("eray.my.cluster.head", "my.cluster") is None
+    assert parse_worker_job_name("train", "my.cluster") is None
+    assert elastic_node_id("55", 2) == "j55-2"
+
+
+def test_squeue_lines() -> None:
+    text = (
+        "12|PENDING|2||Resources|eray.c.7.cpu\n"
+        "13|RUNNING|2|n[1-2]|None|eray.c.7.cpu\n"
+        "14|PENDING|1||PartitionTimeLimit|eray.c.7.x|with|bars\n"
+        "15|COMPLETING|1|n3|None|eray.c.7.cpu\n"
+        "garbage line\n"
+    )
+    jobs = parse_squeue(text)
+    assert sorted(jobs) == ["12", "13", "14", "15"]
+    assert jobs["12"].live and not jobs["12"].hopeless and jobs["12"].nodelist == ""
+    assert jobs["13"].nodelist == "n[1-2]" and jobs["13"].num_nodes == 2
+    assert jobs["14"].hopeless and jobs["14"].name == "eray.c.7.x|with|bars"
+    assert not jobs["15"].live
+
+
+def test_sbatch_line_and_script() -> None:
+    req = SbatchRequest.from_config({"cpus_per_node": 2}, None, "t")
+    argv = sbatch_argv(req, "eray.c.7.cpu", Path("/s/logs/job-%j.log"))
+    assert argv[:5] == ["sbatch", "--parsable", "--job-name=eray.c.7.cpu", "--output=/s/logs/job-%j.log",
+                        "--open-mode=append"]  # fmt: skip
+    assert "--test-only" in sbatch_argv(req, "x", Path("/dev/null"), test_only=True)
+    script = batch_script("/venv/bin/python")
+    assert script.startswith("#!/bin/bash\n") and "srun --ntasks-per-node=1" in script
+    assert script.rstrip().endswith("/venv/bin/python -m eray_provider.node_run")
+
+
+def test_shipped_yaml_fills_and_passes_rays_validation() -> None:
+    cfg = fill_elastic_config(prepare_config(copy.deepcopy(YAML)), None, python="/venv/bin/python")
+    validate_config(cfg)
+    types = cfg["available_node_types"]
+    assert cfg["head_node_type"] == "head" and types["head"]["max_workers"] == 0
+    assert types["cpu"]["resources"]["CPU"] == 2 and types["cpu"]["max_workers"] == 4
+    assert cfg["provider"]["elastic"] and "job_id" not in cfg["provider"]
+    assert cfg["idle_timeout_minutes"] == YAML["idle_timeout_minutes"]  # the user's, not forced
+    assert cfg["provider"]["disable_node_updaters"] is True
+
+    # the head in a running job: its resources are what SLURM gave it
+    alloc = Allocation("42", (NodeShare("n1", 16, 0, None, 32000), NodeShare("n2", 16)))
+    cfg = fill_elastic_config(prepare_config(copy.deepcopy(YAML)), alloc)
+    assert cfg["provider"]["job_id"] == "42" and [
+        n["name"] for n in cfg["provider"]["allocation"]["nodes"]
+    ] == ["n1"]
+    assert cfg["available_node_types"]["head"]["resources"]["CPU"] == 16
+
+
+def test_elastic_config_errors() -> None:
+    bad = copy.deepcopy(YAML)
+    bad["available_node_types"]["cpu"]["node_config"] = {}
+    with pytest.raises(ClusterConfigError, match=r"available_node_types.cpu.node_config.sbatch is missing"):
+        fill_elastic_config(bad, None)
+    bad = copy.deepcopy(YAML)
+    bad["available_node_types"]["cpu"]["min_workers"] = 5
+    with pytest.raises(ClusterConfigError, match=r"max_workers \(4\) is below min_workers \(5\)"):
+        fill_elastic_config(bad, None)
+    bad = copy.deepcopy(YAML)
+    bad["head_node_type"] = "boss"
+    with pytest.raises(ClusterConfigError, match="head_node_type 'boss'"):
+        fill_elastic_config(bad, None)
+    with pytest.raises(ClusterConfigError, match=r"provider\.head must be one of"):
+        head_mode({"head": "login"}, False)
+    assert head_mode({}, False) == "job" and head_mode({}, True) == "allocation"
+    assert head_mode({"job_id": 5}, False) == "allocation" and head_mode({"head": "job"}, True) == "job"
