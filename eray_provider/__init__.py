@@ -1,6 +1,6 @@
 """eray-provider: Ray clusters and multi-host JAX on SLURM allocations.
 
-Light imports only: ``SlurmNodeProvider`` (which needs Ray) is loaded on first access,
+Light imports only: the providers (which need Ray) are loaded on first access,
 so the CLI and the hostlist functions start fast.
 """
 
@@ -20,13 +20,21 @@ __all__ = [
     "HostlistError",
     "NodeShare",
     "PortPlan",
+    "RayClusterConfig",
+    "SlurmJobProvider",
     "SlurmNodeProvider",
+    "auto_ray_cluster",
     "compress",
     "expand",
     "expand_counts",
 ]
 
-_LAZY = {"SlurmNodeProvider": "eray_provider.provider"}
+_LAZY = {
+    "SlurmNodeProvider": "eray_provider.provider",
+    "SlurmJobProvider": "eray_provider.elastic",
+    "auto_ray_cluster": "eray_provider.ray_cluster",
+    "RayClusterConfig": "eray_provider.ray_cluster",
+}
 
 
 def __getattr__(name: str) -> Any:

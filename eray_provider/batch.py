@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .allocation import AllocationError
+from .allocation import Allocation, AllocationError
 from .cluster_config import fill_config
 from .cluster_state import ClusterState
 from .launch import (
@@ -39,13 +39,53 @@ DEFAULT_JOIN_TIMEOUT = 300.0
 
 
 def _log(msg: str) -> None:
-    print(f"eray-provider run: {msg}", file=sys.stderr, flush=True)
+    print(f"eray-provider: {msg}", file=sys.stderr, flush=True)
 
 
 def _records(state: ClusterState, specs: list[tuple[str, str, str]]) -> dict[str, str]:
     """Node records (slurm node, role, node type); returns slurm node -> node id."""
     ids = state.add_nodes([(node, role, {"ray-user-node-type": kind}) for node, role, kind in specs])
     return {spec[0]: node_id for spec, node_id in zip(specs, ids)}
+
+
+def job_cluster_config(alloc: Allocation, cluster_name: str, provider_options: dict | None = None) -> dict:
+    """The filled config of a cluster on ``alloc`` that no ``ray up`` drives."""
+    base_config = {
+        "cluster_name": cluster_name,
+        "max_workers": -1,
+        "provider": {
+            "type": "external",
+            "module": "eray_provider.SlurmNodeProvider",
+            **(provider_options or {}),
+        },
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+    }
+    return fill_config(base_config, alloc)
+
+
+def start_cluster(
+    state: ClusterState, alloc: Allocation, provider: dict, join_timeout: float, stopped=lambda: False
+) -> str:
+    """Port plan, head, workers (one srun per node type), then wait until every node of
+    ``alloc`` has joined; returns the GCS address. The caller tears down (``stop_cluster``)."""
+    t0 = time.monotonic()
+    python = provider["python"]
+    with state.lock(timeout=120):
+        state.create()
+        ensure_port_plan(state, alloc, python)
+        state.save_cluster_config({"provider": provider})
+    head = alloc.head.name
+    ids = _records(state, [(head, "head", "ray.head.slurm")])
+    address = launch_head(state, ids[head], head, {}, python)
+    _log(f"head on {head} at {address} ({time.monotonic() - t0:.1f} s)")
+    for batch, (node_type, shares) in enumerate(worker_types(alloc).items(), start=1):
+        worker_ids = _records(state, [(s.name, "worker", node_type) for s in shares])
+        launch_workers(state, worker_ids, node_type, python, batch)
+    wait_joined(state, address, len(alloc.nodes), join_timeout, stopped)
+    _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s)")
+    return address
 
 
 def run(
@@ -63,21 +103,7 @@ def run(
     alloc = load_allocation()
     if alloc.state not in (None, "RUNNING"):
         raise AllocationError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
-    base_config = {
-        "cluster_name": cluster_name,
-        "max_workers": -1,
-        "provider": {
-            "type": "external",
-            "module": "eray_provider.SlurmNodeProvider",
-            **(provider_options or {}),
-        },
-        "setup_commands": [],
-        "head_setup_commands": [],
-        "worker_setup_commands": [],
-    }
-    config = fill_config(base_config, alloc)
-    provider = config["provider"]
-    python = provider["python"]
+    provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
     state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
     if state.exists():
         raise AllocationError(f"a cluster {cluster_name!r} of job {alloc.job_id} already runs ({state.dir})")
@@ -93,21 +119,9 @@ def run(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    t0 = time.monotonic()
     try:
-        with state.lock(timeout=120):
-            state.create()
-            ensure_port_plan(state, alloc, python)
-            state.save_cluster_config({"provider": provider})
-        head = alloc.head.name
-        ids = _records(state, [(head, "head", "ray.head.slurm")])
-        address = launch_head(state, ids[head], head, {}, python)
-        _log(f"head on {head} at {address} ({time.monotonic() - t0:.1f} s)")
-        for batch, (node_type, shares) in enumerate(worker_types(alloc).items(), start=1):
-            worker_ids = _records(state, [(s.name, "worker", node_type) for s in shares])
-            launch_workers(state, worker_ids, node_type, python, batch)
-        wait_joined(state, address, len(alloc.nodes), join_timeout, lambda: stopping)
-        _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s); running {' '.join(command)}")
+        start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
+        _log(f"running {' '.join(command)}")
         proc = subprocess.Popen(list(command), env={**os.environ, **cluster_env(state)})
         code = proc.wait()
         _log(f"command exited {code}")

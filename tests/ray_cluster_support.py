@@ -78,7 +78,8 @@ class Cluster:
 
 
 def cluster_pids(job_id: str, cluster: str) -> list[int]:
-    """Processes of one cluster on any test bed node (the nodes share the PID namespace)."""
+    """Processes of one cluster on any test bed node (the nodes share the PID namespace);
+    ``cluster`` ending in ``*`` matches every cluster name with that prefix."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -88,7 +89,12 @@ def cluster_pids(job_id: str, cluster: str) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        mine = f"ERAY_JOB_ID={job_id}".encode() in environ and f"ERAY_CLUSTER={cluster}".encode() in environ
+        named = (
+            any(e.startswith(f"ERAY_CLUSTER={cluster[:-1]}".encode()) for e in environ)
+            if cluster.endswith("*")
+            else f"ERAY_CLUSTER={cluster}".encode() in environ
+        )
+        mine = f"ERAY_JOB_ID={job_id}".encode() in environ and named
         if mine or (f"eray.{cluster}." in cmd and f"--jobid={job_id} " in cmd):
             found.append(int(entry.name))
     return found

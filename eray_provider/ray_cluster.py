@@ -1,0 +1,174 @@
+"""``auto_ray_cluster`` / ``RayClusterConfig``: the seed's Ray API, on this package's machinery.
+
+Called in every process of ``srun python train.py`` (after ``DistributedConfig().
+initialize()`` or not): the step's first process (``SLURM_PROCID`` 0) builds the step's
+Ray cluster exactly as ``eray-provider run`` does (port plan probed on every node, token,
+private temp dirs, per-node resources, runtime hook; the head on the step's first node,
+which is the JAX coordinator's, every Ray node in a step of its own, never a child of a
+user's process) and publishes its address; every process waits for it (bounded) and
+connects with ``ray.init``. At exit each process disconnects and reports; the first
+process then stops the cluster's own steps and removes its state, after every process
+has reported or ``EXIT_WAIT_SECONDS`` passed. No lock files in /tmp, no ``ray stop``.
+
+With ``address`` (or ``RAY_ADDRESS``) it only connects; outside a SLURM step it starts a
+local Ray, as the seed did.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .allocation import Allocation, AllocationError
+from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
+from .cluster_state import ClusterState
+from .distributed import StepLayout, step_layout
+from .launch import cluster_env, stop_cluster
+from .slurm_cli import load_allocation
+
+logger = logging.getLogger(__name__)
+
+#: How long the first process waits at exit for the others to disconnect.
+EXIT_WAIT_SECONDS = 120.0
+#: What a connecting process takes from the cluster's environment (not its HOME).
+_CLIENT_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_RUNTIME_ENV_HOOK", "ERAY_HEAD_IP",
+                "ERAY_JAX_PORTS", "ERAY_JOB_ID", "ERAY_JAX_ENV")  # fmt: skip
+_initialized = False
+
+
+def in_srun_step(env: Mapping[str, str]) -> bool:
+    return "SLURM_PROCID" in env and env.get("SLURM_STEP_ID") not in (None, "batch", "extern")
+
+
+def step_cluster_name(env: Mapping[str, str]) -> str:
+    """Unique per srun invocation: job ids start again after a controller's cold start, so
+    the step id alone could meet an earlier job's leftovers."""
+    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}"
+
+
+def _marker(state: ClusterState, name: str):
+    return state.dir / name
+
+
+def _build(state: ClusterState, layout: StepLayout, start_workers: bool, timeout: float) -> str:
+    """First process: the step's cluster, then the ``ready`` (or ``failed``) marker."""
+    nodes = list(layout.nodes if start_workers else layout.nodes[:1])
+    alloc = load_allocation(layout.job_id)
+    provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
+    if state.exists():
+        raise AllocationError(f"a cluster {state.cluster_name!r} of job {layout.job_id} exists ({state.dir})")
+    atexit.register(_teardown, state, layout.num_processes)
+    try:
+        address = start_cluster(state, Allocation.from_dict(provider["allocation"]), provider, timeout)
+    except Exception as e:
+        state.dir.mkdir(parents=True, exist_ok=True)
+        _marker(state, "failed").write_text(str(e))
+        raise
+    _marker(state, "ready").write_text(address)
+    return address
+
+
+def _wait_ready(state: ClusterState, timeout: float) -> str:
+    """Other processes: the address the first process published."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        failed = _marker(state, "failed")
+        if failed.exists():
+            raise RuntimeError(f"the step's Ray cluster did not start: {failed.read_text()}")
+        ready = _marker(state, "ready")
+        if ready.exists() and ready.read_text():
+            return ready.read_text()
+        time.sleep(0.5)
+    raise TimeoutError(f"the step's Ray cluster was not ready after {timeout:.0f} s ({state.dir})")
+
+
+def _report_done(state: ClusterState, rank: int) -> None:
+    try:
+        import ray
+
+        ray.shutdown()
+    finally:
+        if state.dir.exists():
+            _marker(state, f"done.{rank}").write_text("")
+
+
+def _teardown(state: ClusterState, processes: int) -> None:
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        done = list(state.dir.glob("done.*")) if state.dir.exists() else []
+        if len(done) >= processes:
+            break
+        time.sleep(0.5)
+    stop_cluster(state)
+    state.remove()
+
+
+def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -> tuple[str, str | None]:
+    """(GCS address, the address of this node's Ray node, when it has one)."""
+    layout = step_layout(env)
+    state = ClusterState(step_cluster_name(env), layout.job_id)
+    if layout.process_id == 0:
+        address = _build(state, layout, start_workers, timeout)
+    else:
+        address = _wait_ready(state, timeout + 120)
+    # registered before ray.init, so it runs after Ray's own exit handler
+    atexit.register(_report_done, state, layout.process_id)
+    client = cluster_env(state)
+    os.environ.update({k: client[k] for k in _CLIENT_VARS if k in client})
+    here = env.get("SLURMD_NODENAME")
+    mine = [i for i, rec in state.read()["nodes"].items() if rec["slurm_node"] == here]
+    return address, (state.read_marker(mine[0], "ip") if mine else None)
+
+
+def auto_ray_cluster(
+    address: str | None = None,
+    namespace: str | None = "eray-executor",
+    start_workers: bool = True,
+    fail_if_cluster_already_initialized: bool = False,
+    timeout: float = DEFAULT_JOIN_TIMEOUT,
+    **kwargs: Any,
+) -> None:
+    """Start (or join) the SLURM step's Ray cluster and ``ray.init`` to it; see the module.
+
+    Call it in every process of the step, before anything else imports ``ray`` (Ray reads
+    its token settings when first imported). ``start_workers=False`` starts the head only.
+    ``kwargs`` go to ``ray.init``. A second call in a process is ignored with a warning.
+    """
+    global _initialized
+    if _initialized:
+        logger.warning("auto_ray_cluster has already been called. Ignoring subsequent calls.")
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address is None and in_srun_step(os.environ):
+        address, node_ip = _step_cluster(os.environ, start_workers, timeout)
+        if node_ip:
+            # the driver must attach to the Ray node on its own host; left to guess, Ray
+            # can pick another node's raylet (whose socket is not on this host)
+            kwargs.setdefault("_node_ip_address", node_ip)
+    import ray
+
+    if ray.is_initialized():
+        if fail_if_cluster_already_initialized:
+            raise RuntimeError("Ray is already initialized in this process")
+        logger.warning("Ray is already initialized in this process: not connecting again")
+    else:
+        ray.init(address=address or "local", namespace=namespace, **kwargs)
+    _initialized = True
+
+
+@dataclass
+class RayClusterConfig:
+    """The seed's settings object: ``initialize()`` calls ``auto_ray_cluster``."""
+
+    address: str | None = None
+    start_workers: bool = True
+    auto_start_cluster: bool = True
+
+    def initialize(self) -> None:
+        if self.auto_start_cluster:
+            auto_ray_cluster(address=self.address, start_workers=self.start_workers)

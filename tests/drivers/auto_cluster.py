@@ -1,0 +1,33 @@
+"""Driver for the seed-API test: run in every task of ``srun -N3``.
+
+JAX first (``DistributedConfig``), then ``auto_ray_cluster``; every process prints its
+view, the first also runs one task pinned to each SLURM node and a JAX allgather.
+"""
+
+import socket
+import sys
+
+from eray_provider import DistributedConfig, auto_ray_cluster
+
+DistributedConfig(initialization_timeout=120).initialize()
+auto_ray_cluster(timeout=240)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+alive = [n for n in ray.nodes() if n["Alive"]]
+names = sorted(n["Labels"]["slurm-node"] for n in alive)
+print("PROC", jax.process_index(), jax.process_count(), socket.gethostname(), *names, flush=True)
+gathered = multihost_utils.process_allgather(np.array([jax.process_index() + 1]))
+print("GATHER", jax.process_index(), int(gathered.sum()), flush=True)
+if jax.process_index() == 0:
+
+    @ray.remote(num_cpus=0)
+    def host() -> str:
+        return socket.gethostname()
+
+    hosts = ray.get([host.options(resources={f"slurm_node:{n}": 0.01}).remote() for n in names], timeout=120)
+    print("TASKS", *hosts, flush=True)
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -1,0 +1,39 @@
+"""``auto_ray_cluster`` (the seed's API) in every task of ``srun -N3``, on the test bed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from ray_cluster_support import node_tmp_entries, wait_gone
+from testbed_support import REPO, Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+def test_srun_three_tasks_get_jax_and_a_three_node_ray_cluster(testbed: Testbed, allocation: str) -> None:
+    env = dict(testbed.env, JAX_PLATFORMS="cpu")
+    proc = testbed.run(
+        ["srun", f"--jobid={allocation}", "--overlap", "-N3", "-n3", "--ntasks-per-node=1",
+         sys.executable, "tests/drivers/auto_cluster.py"],
+        env=env,
+        timeout=420,
+        check=False,
+        cwd=str(REPO),
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, (out + proc.stderr)[-4000:]
+    procs = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("PROC "))
+    nodes = ["node1", "node2", "node3"]
+    assert procs == [[str(i), "3", f"node{i + 1}", *nodes] for i in range(3)], out[-3000:]
+    gathers = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("GATHER "))
+    assert gathers == [["0", "6"], ["1", "6"], ["2", "6"]]
+    tasks = [line.split()[1:] for line in out.splitlines() if line.startswith("TASKS ")]
+    assert tasks == [nodes]
+    # the cluster is gone with the step: no process, temp dir or state of it is left
+    clusters = [p.name for p in (Path.home() / ".eray-provider").glob(f"step*-{allocation}")]
+    assert clusters == []
+    for node in nodes:
+        assert node_tmp_entries(testbed, node, allocation) == []
+    assert wait_gone(allocation, "step*", timeout=60) == []
