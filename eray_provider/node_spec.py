@@ -44,9 +44,9 @@ def memory_split(share: NodeShare, object_store_fraction: float) -> tuple[int | 
     return total - store, store
 
 
-def ray_resources(share: NodeShare, job_id: str, object_store_fraction: float) -> dict[str, float]:
-    """The resources the autoscaler sees for this node (what ``ray start`` will report)."""
-    res: dict[str, float] = {"CPU": share.cpus, node_resource(share.name): 1.0}
+def share_resources(share: NodeShare, object_store_fraction: float) -> dict[str, float]:
+    """CPU, GPU (with Ray's accelerator type), memory and object store of a share."""
+    res: dict[str, float] = {"CPU": share.cpus}
     if share.gpus:
         res["GPU"] = share.gpus
         if share.gpu_type:
@@ -55,8 +55,16 @@ def ray_resources(share: NodeShare, job_id: str, object_store_fraction: float) -
     if heap is not None and store is not None:
         res["memory"] = heap
         res["object_store_memory"] = store
-    res[f"slurm_job:{job_id}"] = 1.0
     return res
+
+
+def ray_resources(share: NodeShare, job_id: str, object_store_fraction: float) -> dict[str, float]:
+    """The resources the autoscaler sees for this node (what ``ray start`` will report)."""
+    return {
+        **share_resources(share, object_store_fraction),
+        node_resource(share.name): 1.0,
+        f"slurm_job:{job_id}": 1.0,
+    }
 
 
 def ray_labels(share: NodeShare, job_id: str, index: int | None = None) -> dict[str, str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .allocation import NodeShare, parse_gpu_spec
-from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, accelerator_resource, memory_split
+from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, share_resources
 
 #: Job states in which the job holds (or will hold) its nodes; any other state, or a job
 #: squeue no longer lists, means its Ray nodes are gone.
@@ -160,17 +160,7 @@ class SbatchRequest:
 
     def resources(self, object_store_fraction: float = DEFAULT_OBJECT_STORE_FRACTION) -> dict[str, float]:
         """The resources of one node of this type for the autoscaler, before the job starts."""
-        share = self.share()
-        res: dict[str, float] = {"CPU": share.cpus}
-        if share.gpus:
-            res["GPU"] = share.gpus
-            if share.gpu_type:
-                res[accelerator_resource(share.gpu_type)] = 1.0
-        heap, store = memory_split(share, object_store_fraction)
-        if heap is not None and store is not None:
-            res["memory"] = heap
-            res["object_store_memory"] = store
-        return res
+        return share_resources(self.share(), object_store_fraction)
 
 
 # ---------------------------------------------------------------------- job names
