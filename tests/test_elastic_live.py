@@ -69,6 +69,22 @@ def test_refused_request_fails_ray_up_with_slurms_reason(testbed, tmp_path) -> N
 
 def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, tmp_path) -> None:
     cluster = ElasticCluster(testbed, tmp_path, "elastic", idle_timeout_minutes=0.5)
+    # a job of the same user that is not the cluster's: ray down must leave it alone
+    other = testbed.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-c1",
+            "--mem=100",
+            "-o",
+            "/dev/null",
+            "-J",
+            "eray.elastic",
+            "--wrap",
+            "sleep 600",
+        ]
+    )
+    other_job = other.stdout.strip()
     try:
         cluster.up()
         jobs = cluster.jobs()
@@ -118,5 +134,10 @@ def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, t
         assert ready[0] not in replaced[0] and ready[1] in replaced[0]
     finally:
         cluster.down(check=False)
-    assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
+    try:
+        assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
+        state = testbed.run(["squeue", "-h", "-j", other_job, "-o", "%T"]).stdout.strip()
+        assert state in ("RUNNING", "PENDING"), state
+    finally:
+        testbed.cancel(other_job)
     assert not any(p.name.startswith("elastic-") for p in (Path.home() / ".eray-provider").iterdir())
