@@ -25,10 +25,10 @@ from .cluster_config import fill_config
 from .cluster_state import ClusterState
 from .launch import (
     LaunchError,
-    cluster_env,
     ensure_port_plan,
     launch_head,
     launch_workers,
+    node_client_env,
     stop_cluster,
     wait_joined,
 )
@@ -122,7 +122,9 @@ def run(
     try:
         start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
         _log(f"running {' '.join(command)}")
-        proc = subprocess.Popen(list(command), env={**os.environ, **cluster_env(state)})
+        # this process runs on the job's first node, the head's
+        head_id = next(i for i, rec in state.read()["nodes"].items() if rec["role"] == "head")
+        proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
         code = proc.wait()
         _log(f"command exited {code}")
         return code

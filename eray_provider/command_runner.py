@@ -24,7 +24,7 @@ from ray.autoscaler.command_runner import CommandRunnerInterface
 
 from .cluster_config import LAUNCH_HEAD
 from .cluster_state import ClusterState
-from .launch import cluster_env
+from .launch import node_client_env
 from .srun import bash_command, clean_env, srun_argv
 
 _RAY_STOP = re.compile(r"(^|[;&|]\s*|\s)ray\s+stop(\s|$)")
@@ -72,7 +72,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         return clean_env(os.environ)
 
     def _shell(self, cmd: str, environment_variables: dict[str, Any] | None) -> list[str]:
-        exports = dict(cluster_env(self.state))
+        exports = node_client_env(self.state, self.node_id)
         for key, val in (environment_variables or {}).items():
             # the same encoding as Ray's ssh runner, so the updater's variables read alike
             exports[key] = json.dumps(val, separators=(",", ":")) if not isinstance(val, str) else val

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .allocation import Allocation
+from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
 from .ports import PortPlan, candidates, choose_plan
 from .slurm_cli import SlurmCommandError, host_exclusions
@@ -52,6 +53,23 @@ def cluster_env(state: ClusterState) -> dict[str, str]:
     except (OSError, KeyError, ValueError):
         jax_defaults = {}
     env["ERAY_JAX_ENV"] = json.dumps(jax_defaults)
+    return env
+
+
+def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
+    """``cluster_env`` for a command run on one of the cluster's nodes (``ray exec``, the
+    driver of ``eray-provider run``): its Ray client talks to the node's metrics agent over
+    loopback, so it gets the node's bind shim too."""
+    env = cluster_env(state)
+    ip = state.read_marker(node_id, "ip")
+    plan = state.ports()
+    shim = shim_path()
+    try:
+        everywhere = state.cluster_config()["provider"].get("bind_all_interfaces")
+    except (OSError, KeyError, ValueError):
+        everywhere = True
+    if ip and plan and shim and not everywhere:
+        env.update(bind_env(shim, ip, [plan], os.environ))
     return env
 
 

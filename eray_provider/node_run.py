@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from .allocation import Allocation
+from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
 from .node_spec import StartSpec
 from .port_probe import busy_ports
@@ -202,6 +203,17 @@ def main() -> int:
             AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
         )
         ray_env.pop("RAY_ADDRESS", None)
+        if not provider.get("bind_all_interfaces"):
+            shim = shim_path()
+            if shim:
+                ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
+            else:
+                print(
+                    "eray-provider: warning: the bind shim was not built (no C compiler at install "
+                    "time?): Ray's gRPC servers listen on all interfaces (token-protected)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if role == "head" and provider.get("elastic"):
             # worker jobs may wait in the queue far longer than Ray's default hour
             ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(provider["pending_timeout_s"])

@@ -74,26 +74,25 @@ def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_p
         assert "CONNECTED" not in intruder.stdout
         assert "auth" in (intruder.stdout + intruder.stderr).lower()
 
-        # sockets: the dashboard on the head's address; nothing of ours on all interfaces
-        # except Ray's token-protected gRPC servers and read-only metrics endpoints
+        # sockets: the dashboard on the head's address; no socket of the cluster (any port of
+        # its block, on any node) on all interfaces, and Ray's components still reach their
+        # metrics agent (their loopback connects follow the shim's rewritten binds)
         rows = listeners(testbed, "node1")
         dashboard = [r for r in rows if r[1] == plan_a["dashboard"]]
         assert dashboard and all(r[0] in (head_ip, "127.0.0.1") for r in dashboard)
-        wildcard_ok = {
-            plan_a[k]
-            for k in (
-                "gcs",
-                "node_manager",
-                "object_manager",
-                "dashboard_agent_grpc",
-                "metrics_export",
-                "autoscaler_metrics",
-                "dashboard_metrics",
-            )
-        }
-        for addr, port, proc in rows:
-            if port in ports_a and addr in ("*", "0.0.0.0", "[::]"):
-                assert port in wildcard_ok, (addr, port, proc)
+        block = range(plan_a["block_start"], plan_a["block_start"] + 256)
+        for node in ("node1", "node2", "node3"):
+            ours = [r for r in listeners(testbed, node) if r[1] in block]
+            assert len(ours) >= 4, (node, ours)  # raylet, object manager, agent, runtime env agent
+            wildcard = [r for r in ours if r[0] in ("*", "0.0.0.0", "[::]")]
+            assert wildcard == [], (node, wildcard)
+        head_tmp = next((a.state_dir / "nodes").glob("node1.*.tmpdir")).read_text().split()[1]
+        logs = f"{head_tmp}/session_latest/logs"
+        assert "gcs_server.out" in testbed.on_node("node1", f"ls {logs}").stdout
+        complaints = testbed.on_node(
+            "node1", f"grep -l 'exporter agent\\|to the metrics agent' {logs}/* || true"
+        ).stdout
+        assert complaints.strip() == "", complaints
 
         # ray down of A leaves B's processes untouched, and the reverse
         pids_b = set(cluster_pids(job_b, "shared"))

@@ -1,0 +1,40 @@
+"""Keeping a cluster's listeners off all interfaces: the preloaded bind shim (bindshim.c).
+
+Ray 2.60 binds its gRPC servers and metrics endpoints to 0.0.0.0 / [::] with no option to
+change it. ``node_run`` preloads ``eray_provider._bindshim`` into the node's Ray so that
+wildcard binds of the cluster's ports go to the node's address, and loopback connects to
+those ports (Ray reaches its local metrics agent at 127.0.0.1) follow them.
+``provider.bind_all_interfaces: true`` turns this off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Mapping
+
+from .ports import BLOCK, PortPlan
+
+
+def shim_path() -> str | None:
+    """The built shim (a shared library), or None when the package was installed without it."""
+    spec = importlib.util.find_spec("eray_provider._bindshim")
+    return spec.origin if spec is not None and spec.origin else None
+
+
+def port_ranges(plans: Iterable[PortPlan]) -> str:
+    """``lo-hi,...``: the port blocks of the given plans (the node's own and the head's,
+    whose JAX ports a coordinator on this node may bind)."""
+    return ",".join(dict.fromkeys(f"{p.block_start}-{p.block_start + BLOCK - 1}" for p in plans))
+
+
+def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, str]) -> dict[str, str]:
+    """Variables that preload the shim for ``ip`` and the plans' ports (after any preload
+    the environment already has). Ray then skips its own jemalloc preload."""
+    preload = " ".join(p for p in (shim, env.get("LD_PRELOAD", "")) if p)
+    return {
+        "LD_PRELOAD": preload,
+        "ERAY_BIND_ADDRESS": ip,
+        "ERAY_BIND_PORTS": port_ranges(plans),
+        # the raylet passes the preload on to its workers (their gRPC servers bind too)
+        "RAY_LD_PRELOAD_ON_WORKERS": "1",
+    }

@@ -1,0 +1,95 @@
+/*
+ * Preloaded (LD_PRELOAD) into every process of a cluster's Ray node by node_run.
+ *
+ * Ray 2.60 binds its gRPC servers (GCS, raylet, dashboard agent, core workers) and its
+ * metrics endpoints to all interfaces, with no option to change it. On a shared SLURM node
+ * that exposes them to the whole cluster network. This shim rewrites a wildcard bind()
+ * (0.0.0.0 or ::) of a port in the cluster's port ranges to the node's address, and a
+ * connect() to loopback on such a port (Ray's components reach the local metrics agent at
+ * 127.0.0.1) to the node's address, so everything keeps working. Other ports, other
+ * addresses and other processes are untouched.
+ *
+ *   ERAY_BIND_ADDRESS  the node's IPv4 address (the one Ray runs on)
+ *   ERAY_BIND_PORTS    port ranges: "lo-hi[,lo-hi...]"
+ * Without both, the shim does nothing.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+typedef int (*sock_fn)(int, const struct sockaddr *, socklen_t);
+
+static int port_in_ranges(unsigned port) {
+    const char *spec = getenv("ERAY_BIND_PORTS");
+    while (spec && *spec) {
+        char *end;
+        unsigned long lo = strtoul(spec, &end, 10), hi = lo;
+        if (end == spec) return 0;
+        if (*end == '-') hi = strtoul(end + 1, &end, 10);
+        if (lo <= port && port <= hi) return 1;
+        spec = (*end == ',') ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+static int node_address(struct in_addr *out) {
+    const char *ip = getenv("ERAY_BIND_ADDRESS");
+    return ip && inet_pton(AF_INET, ip, out) == 1;
+}
+
+static void to_mapped(struct in6_addr *a6, struct in_addr v4) {
+    memset(a6, 0, sizeof *a6);
+    a6->s6_addr[10] = 0xff;
+    a6->s6_addr[11] = 0xff;
+    memcpy(&a6->s6_addr[12], &v4, 4);
+}
+
+/* The address to use: `addr` itself, or its rewrite in `buf` (wildcard bind or loopback
+ * connect, on a port of the cluster). */
+static const struct sockaddr *rewrite(const struct sockaddr *addr, socklen_t len, int for_bind,
+                                      struct sockaddr_storage *buf) {
+    struct in_addr node;
+    if (!addr || !node_address(&node)) return addr;
+    if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+        int hit = for_bind ? in->sin_addr.s_addr == htonl(INADDR_ANY)
+                           : in->sin_addr.s_addr == htonl(INADDR_LOOPBACK);
+        if (!hit || !port_in_ranges(ntohs(in->sin_port))) return addr;
+        struct sockaddr_in *out = (struct sockaddr_in *)buf;
+        *out = *in;
+        out->sin_addr = node;
+        return (const struct sockaddr *)out;
+    }
+    if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
+        struct in6_addr loop4;
+        to_mapped(&loop4, (struct in_addr){htonl(INADDR_LOOPBACK)});
+        int hit = for_bind ? IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)
+                           : (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+                              memcmp(&in6->sin6_addr, &loop4, sizeof loop4) == 0);
+        if (!hit || !port_in_ranges(ntohs(in6->sin6_port))) return addr;
+        struct sockaddr_in6 *out = (struct sockaddr_in6 *)buf;
+        *out = *in6;
+        to_mapped(&out->sin6_addr, node);  /* a dual-stack socket reaches IPv4 this way */
+        return (const struct sockaddr *)out;
+    }
+    return addr;
+}
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+    static sock_fn real;
+    struct sockaddr_storage buf;
+    if (!real) real = (sock_fn)dlsym(RTLD_NEXT, "bind");
+    return real(fd, rewrite(addr, len, 1, &buf), len);
+}
+
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    static sock_fn real;
+    struct sockaddr_storage buf;
+    if (!real) real = (sock_fn)dlsym(RTLD_NEXT, "connect");
+    return real(fd, rewrite(addr, len, 0, &buf), len);
+}
