@@ -60,6 +60,8 @@ JOB_CACHE_SECONDS = 5.0
 #: A submitted job that squeue does not list yet still counts as pending for this long.
 SUBMIT_GRACE_SECONDS = 30.0
 HEAD_START_TIMEOUT = 900.0
+#: After SLURM refused a node type's job, launches of that type fail this long.
+REFUSED_SECONDS = 600.0
 #: Placeholder job of a cluster whose head job ``ray up`` has yet to submit.
 NO_JOB = "0"
 
@@ -75,7 +77,6 @@ def _parse_node_id(node_id: str) -> tuple[str, int] | None:
 class SlurmJobProvider(SlurmNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
-        self._warned: set[str] = set()
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -132,17 +133,39 @@ class SlurmJobProvider(SlurmNodeProvider):
         return jobs
 
     def _report_stuck(self, jobs: dict[str, JobInfo]) -> None:
+        """Give up on worker jobs that wait for what will not change (a held job, a time
+        limit over the partition's...): cancel them and remember the refusal, so that the
+        next launch of that type fails with SLURM's reason (``ray status -v`` shows it)."""
+        hopeless = []
         for job in jobs.values():
-            if job.hopeless and job.job_id not in self._warned:
-                self._warned.add(job.job_id)
-                logger.error(
-                    "SLURM job %s (%s) cannot start: %s. Fix the node type's sbatch request; "
-                    "`scancel %s` to give up on it",
-                    job.job_id,
-                    job.name,
-                    job.reason,
-                    job.job_id,
-                )
+            parsed = parse_worker_job_name(job.name, self.cluster_name)
+            if job.hopeless and parsed and parsed[0] == self.job_id:
+                hopeless.append((job, parsed[1]))
+        if not hopeless:
+            return
+        cancel_jobs([job.job_id for job, _ in hopeless])
+        for job, node_type in hopeless:
+            logger.error("SLURM job %s (%s) cannot start (%s): cancelled", job.job_id, node_type, job.reason)
+
+        def note(doc):
+            for job, node_type in hopeless:
+                doc.setdefault("refused", {})[node_type] = {
+                    "job": job.job_id,
+                    "reason": job.reason,
+                    "at": time.time(),
+                }
+
+        if self.state.exists():
+            self.state.update(note)
+
+    def _check_refused(self, node_type: str) -> None:
+        refused = self.state.read().get("refused", {}).get(node_type)
+        if refused and time.time() - refused["at"] < REFUSED_SECONDS:
+            raise SlurmCommandError(
+                f"SLURM does not start {node_type} jobs: job {refused['job']} waited for "
+                f"{refused['reason']} and was cancelled; fix available_node_types.{node_type}"
+                f".node_config.sbatch (retried {REFUSED_SECONDS:.0f} s after the refusal)"
+            )
 
     def _worker_jobs(self) -> dict[str, tuple[JobInfo, str]]:
         """Live worker jobs of this cluster's head: job id -> (info, node type)."""
@@ -301,6 +324,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         node_type = tags[TAG_RAY_USER_NODE_TYPE]
         request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+        self._check_refused(node_type)
         self.state.create()
         env = node_env(self.state, "worker", {}, {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type})
         name = worker_job_name(self.cluster_name, self.job_id, node_type)

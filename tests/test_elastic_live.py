@@ -141,3 +141,36 @@ def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, t
     finally:
         testbed.cancel(other_job)
     assert not any(p.name.startswith("elastic-") for p in (Path.home() / ".eray-provider").iterdir())
+
+
+def test_a_job_slurm_will_not_start_is_cancelled_and_shown_by_ray_status(testbed, tmp_path) -> None:
+    cluster = ElasticCluster(testbed, tmp_path, "elheld")
+    config = yaml.safe_load(cluster.config.read_text())
+    config["available_node_types"]["cpu"]["node_config"]["sbatch"]["extra"] = ["--hold"]
+    cluster.config.write_text(yaml.safe_dump(config))
+    ask = (
+        "from ray.autoscaler.sdk import request_resources; import ray; ray.init(); "
+        "request_resources(bundles=[{'CPU': 2}] * 3)"
+    )
+    try:
+        cluster.up()
+        (head_job,) = cluster.jobs()
+        cluster.exec(f'python -c "{ask}"')
+        deadline = time.monotonic() + 180
+        status = ""
+        while time.monotonic() < deadline:
+            status = cluster.exec("ray status -v", check=False).stdout
+            if "cpu: LaunchFailed" in status:
+                break
+            time.sleep(3)
+        assert "cpu: LaunchFailed" in status, status[-3000:]
+        # Ray 2.60 drops a launch error's text from `ray status`: SLURM's reason is in the
+        # head's monitor.log, with the job and what to fix
+        monitor = cluster.exec("cat $(ls -d /tmp/eray-*/session_latest | head -1)/logs/monitor.log").stdout
+        assert "waited for JobHeldUser and was cancelled" in monitor, monitor[-3000:]
+        assert "fix available_node_types.cpu.node_config.sbatch" in monitor
+        # the held job was cancelled, and no other is submitted while the refusal stands
+        assert cluster.wait_jobs(lambda j: set(j) == {head_job}, timeout=60, what="only the head's job")
+    finally:
+        cluster.down(check=False)
+    assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
