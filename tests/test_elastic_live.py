@@ -174,3 +174,33 @@ def test_a_job_slurm_will_not_start_is_cancelled_and_shown_by_ray_status(testbed
     finally:
         cluster.down(check=False)
     assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
+
+
+def test_head_in_an_allocation_and_two_nodes_per_job(testbed, tmp_path) -> None:
+    """Inside an allocation the head runs on its first node; a type with ``nodes: 2`` gets
+    both of its Ray nodes from one job; ``ray down`` cancels that job, not the allocation."""
+    alloc = testbed.salloc("-N1", "-c2", "--mem=1500", "-J", "eray-elastic-alloc")
+    cluster = ElasticCluster(testbed, tmp_path, "elpair")
+    config = yaml.safe_load(cluster.config.read_text())
+    config["available_node_types"]["cpu"]["node_config"]["sbatch"]["nodes"] = 2
+    cluster.config.write_text(yaml.safe_dump(config))
+    cluster.env["SLURM_JOB_ID"] = alloc
+    try:
+        cluster.up()
+        assert cluster.jobs() == {}  # no head job: the head is in the allocation
+        out = cluster.ray(
+            "submit", str(cluster.config), "tests/drivers/elastic_demand.py", timeout=600
+        ).stdout
+        ran = [line.split()[1:] for line in out.splitlines() if line.startswith("RAN ")]
+        jobs = [job for _node, job in ran]
+        assert len(ran) == 3 and jobs.count(alloc) == 1, out[-3000:]
+        (worker_job,) = set(jobs) - {alloc}  # both worker nodes from one job
+        assert jobs.count(worker_job) == 2
+        assert len({node for node, job in ran if job == worker_job}) == 2  # on two SLURM nodes
+    finally:
+        cluster.down(check=False)
+    try:
+        assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
+        assert testbed.run(["squeue", "-h", "-j", alloc, "-o", "%T"]).stdout.strip() == "RUNNING"
+    finally:
+        testbed.cancel(alloc)
