@@ -19,9 +19,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .allocation import Allocation, AllocationError
@@ -30,6 +32,7 @@ from .cluster_state import ClusterState
 from .distributed import StepLayout, step_layout
 from .launch import cluster_env, stop_cluster
 from .slurm_cli import load_allocation
+from .srun import job_state
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +58,21 @@ def _marker(state: ClusterState, name: str):
     return state.dir / name
 
 
+def _remove_leftovers(base: Path) -> None:
+    """State of step clusters whose job has ended (their first task was killed before its
+    exit handler ran; SLURM ended their processes with the job)."""
+    by_job: dict[str, list[Path]] = {}
+    for path in base.glob("step*-*-*"):
+        by_job.setdefault(path.name.rsplit("-", 1)[1], []).append(path)
+    for job, paths in by_job.items():
+        if job.isdigit() and job_state(job) is None:
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def _build(state: ClusterState, layout: StepLayout, start_workers: bool, timeout: float) -> str:
     """First process: the step's cluster, then the ``ready`` (or ``failed``) marker."""
+    _remove_leftovers(state.base)
     nodes = list(layout.nodes if start_workers else layout.nodes[:1])
     alloc = load_allocation(layout.job_id)
     provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
