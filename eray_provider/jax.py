@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 DEFAULT_TIMEOUT = 60.0
-#: Bound on the collective jax.distributed.shutdown of a group before its actors are killed.
-SHUTDOWN_TIMEOUT = 10.0
+#: How long shutdown waits for killed ranks to be gone before ending rank 0.
+KILL_WAIT = 10.0
 ENV_RANK = "ERAY_JAX_RANK"
 ENV_WORLD = "ERAY_JAX_WORLD"
 ENV_GROUP = "ERAY_JAX_GROUP"
@@ -233,12 +233,6 @@ def _rank_actor_class():
         def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
             return fn(*args, **kwargs)
 
-        def stop(self) -> None:
-            import jax
-
-            if jax.distributed.is_initialized():
-                jax.distributed.shutdown()
-
     return JaxRank
 
 
@@ -342,20 +336,23 @@ class ProcessGroup:
             raise
 
     def shutdown(self) -> None:
-        """Leave jax.distributed together (a barrier, bounded), then end every actor."""
+        """End every rank: the others first and until they are gone (bounded), then rank 0,
+        which hosts JAX's coordination service. A collective ``jax.distributed.shutdown``
+        races in JAX 0.10: a rank whose error poller sees the service close before its own
+        shutdown ends aborts with a fatal log."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        if self.actors and self._initialized:
-            ray.wait(
-                [a.stop.remote() for a in self.actors], num_returns=len(self.actors), timeout=SHUTDOWN_TIMEOUT
-            )
         self._initialized = False
-        for actor in self.actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
+        leader, others = self.actors[:1], self.actors[1:]
+        for group in (others, leader):
+            for actor in group:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:
+                    pass
+            # a call on a killed actor fails once its death is known
+            ray.wait([a.__ray_ready__.remote() for a in group], num_returns=len(group), timeout=KILL_WAIT)
         self.actors = []
         if self.pg is not None:
             try:

@@ -35,11 +35,14 @@ def markers(out: str, name: str) -> list[str]:
 
 
 def test_psum_example_one_rank_per_node(jax_cluster: Cluster) -> None:
-    out = jax_cluster.ray("submit", str(jax_cluster.config), "examples/jax_psum.py").stdout
+    proc = jax_cluster.ray("submit", str(jax_cluster.config), "examples/jax_psum.py")
+    out = proc.stdout
     ranks = markers(out, "RANK")
     assert len(ranks) == 3
     assert [r.split()[2].rstrip(":") for r in ranks] == ["node1", "node2", "node3"]  # node order
     assert all("psum=6.0 allgather=[0, 1, 2]" in r for r in ranks)
+    # the group ends without JAX aborting a rank on the way out
+    assert "Terminating process because" not in out + proc.stderr
 
 
 def test_two_groups_one_after_the_other_and_at_once(jax_cluster: Cluster) -> None:
