@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ray_cluster_support import VENV_BIN, cluster_pids, node_tmp_entries
+from ray_cluster_support import VENV_BIN, cluster_pids, node_tmp_entries, wait_gone
 from testbed_support import REPO, Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -88,3 +88,33 @@ def test_node_that_cannot_join_fails_in_bounded_time(testbed: Testbed, outdir: P
     assert time.monotonic() - started < 150
     text = out.read_text()
     assert "192.0.2.0/24" in text and "cluster stopped" in text, text[-3000:]
+
+
+def test_every_node_form_and_scancel_end_everything(testbed: Testbed, outdir: Path) -> None:
+    """``srun --ntasks-per-node=1 eray-provider run -- ...`` (the first node's task runs the
+    cluster, the others return), then ``scancel`` of the job while the driver runs: no
+    process, node temp dir or state of the cluster is left."""
+    env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
+    out = outdir / "every.out"
+    script = outdir / "every.sh"
+    driver = "import ray, time; ray.init(); print('NODES', len(ray.nodes()), flush=True); time.sleep(600)"
+    script.write_text(
+        "#!/bin/bash\n"
+        f'exec srun --ntasks-per-node=1 eray-provider run --timeout 120 -- python -c "{driver}"\n'
+    )
+    proc = testbed.run(
+        ["sbatch", "-N3", "-c2", "--mem=2000", f"--output={out}", "--chdir", str(REPO), str(script)], env=env
+    )
+    job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and "NODES 3" not in (out.read_text() if out.exists() else ""):
+        time.sleep(1)
+    text = out.read_text()
+    assert "NODES 3" in text, text[-3000:]
+    assert text.count("the task on the job's first node runs the cluster") == 2
+    testbed.cancel(job)
+    wait_done(testbed, job, timeout=120)
+    assert wait_gone(job, "run") == []
+    for node in ("node1", "node2", "node3"):
+        assert node_tmp_entries(testbed, node, job) == []
+    assert not (Path.home() / ".eray-provider" / f"run-{job}").exists(), out.read_text()[-2000:]
