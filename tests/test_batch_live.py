@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +18,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 def outdir(tmp_path) -> Path:
     """Batch output is written on the job's first node: it must be on a shared path, not /tmp."""
     path = REPO / ".test-output" / tmp_path.name
-    path.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(path, ignore_errors=True)  # pytest reuses names: never read an earlier run's output
+    path.mkdir(parents=True)
     return path
 
 
