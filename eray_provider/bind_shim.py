@@ -23,8 +23,16 @@ def shim_path() -> str | None:
 
 def port_ranges(plans: Iterable[PortPlan]) -> str:
     """``lo-hi,...``: the port blocks of the given plans (the node's own and the head's,
-    whose JAX ports a coordinator on this node may bind)."""
-    return ",".join(dict.fromkeys(f"{p.block_start}-{p.block_start + BLOCK - 1}" for p in plans))
+    whose JAX ports a coordinator on this node may bind), without the dashboard's port: the
+    dashboard binds the address it is given, and with ``dashboard_host: 127.0.0.1`` its
+    loopback clients must not be sent elsewhere."""
+    ranges: list[str] = []
+    for plan in plans:
+        end = plan.block_start + BLOCK - 1
+        for lo, hi in ((plan.block_start, plan.dashboard - 1), (plan.dashboard + 1, end)):
+            if lo <= hi:
+                ranges.append(f"{lo}-{hi}")
+    return ",".join(dict.fromkeys(ranges))
 
 
 def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, str]) -> dict[str, str]:

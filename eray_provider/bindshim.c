@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 typedef int (*sock_fn)(int, const struct sockaddr *, socklen_t);
 
@@ -48,9 +50,16 @@ static void to_mapped(struct in6_addr *a6, struct in_addr v4) {
     memcpy(&a6->s6_addr[12], &v4, 4);
 }
 
+/* An IPv6-only socket cannot take a v4-mapped address: leave it alone. */
+static int v6only(int fd) {
+    int on = 0;
+    socklen_t len = sizeof on;
+    return getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, &len) == 0 && on;
+}
+
 /* The address to use: `addr` itself, or its rewrite in `buf` (wildcard bind or loopback
  * connect, on a port of the cluster). */
-static const struct sockaddr *rewrite(const struct sockaddr *addr, socklen_t len, int for_bind,
+static const struct sockaddr *rewrite(int fd, const struct sockaddr *addr, socklen_t len, int for_bind,
                                       struct sockaddr_storage *buf) {
     struct in_addr node;
     if (!addr || !node_address(&node)) return addr;
@@ -71,7 +80,7 @@ static const struct sockaddr *rewrite(const struct sockaddr *addr, socklen_t len
         int hit = for_bind ? IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)
                            : (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
                               memcmp(&in6->sin6_addr, &loop4, sizeof loop4) == 0);
-        if (!hit || !port_in_ranges(ntohs(in6->sin6_port))) return addr;
+        if (!hit || !port_in_ranges(ntohs(in6->sin6_port)) || v6only(fd)) return addr;
         struct sockaddr_in6 *out = (struct sockaddr_in6 *)buf;
         *out = *in6;
         to_mapped(&out->sin6_addr, node);  /* a dual-stack socket reaches IPv4 this way */
@@ -80,16 +89,31 @@ static const struct sockaddr *rewrite(const struct sockaddr *addr, socklen_t len
     return addr;
 }
 
+/* The next definition of `name` (libc's); NULL only in a broken process. */
+static sock_fn next_fn(const char *name) {
+    return (sock_fn)dlsym(RTLD_NEXT, name);
+}
+
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     static sock_fn real;
     struct sockaddr_storage buf;
-    if (!real) real = (sock_fn)dlsym(RTLD_NEXT, "bind");
-    return real(fd, rewrite(addr, len, 1, &buf), len);
+    sock_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = next_fn("bind");
+        if (!fn) return (int)syscall(SYS_bind, fd, addr, len);
+        __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
+    }
+    return fn(fd, rewrite(fd, addr, len, 1, &buf), len);
 }
 
 int connect(int fd, const struct sockaddr *addr, socklen_t len) {
     static sock_fn real;
     struct sockaddr_storage buf;
-    if (!real) real = (sock_fn)dlsym(RTLD_NEXT, "connect");
-    return real(fd, rewrite(addr, len, 0, &buf), len);
+    sock_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = next_fn("connect");
+        if (!fn) return (int)syscall(SYS_connect, fd, addr, len);
+        __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
+    }
+    return fn(fd, rewrite(fd, addr, len, 0, &buf), len);
 }

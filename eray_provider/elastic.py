@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
+from .cluster_state import ClusterState
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
 from .launch import node_env
@@ -116,7 +118,15 @@ class SlurmJobProvider(SlurmNodeProvider):
         filled = fill_elastic_config(cluster_config, head_alloc)
         filled["provider"]["job_id_from_config"] = bool(provider.get("job_id"))
         filled["provider"]["head_job_owned"] = head_owned
-        _check_requests(filled)
+        # a refusal stops `ray up` of a new cluster; for one that runs (`ray down`, `ray
+        # exec`...) it is only a warning
+        exists = (
+            job is not None
+            and ClusterState(
+                cluster_config["cluster_name"], str(job), filled["provider"]["state_dir"]
+            ).exists()
+        )
+        _check_requests(filled, strict=not exists)
         return filled
 
     # ------------------------------------------------------------------ squeue
@@ -127,9 +137,14 @@ class SlurmJobProvider(SlurmNodeProvider):
             try:
                 jobs = list_jobs(f"eray.{self.cluster_name}.")
             except SlurmCommandError as e:
+                if not stamp:
+                    raise  # no list yet: an empty one would make every worker look ended
                 logger.warning("squeue failed, keeping the last job list: %s", e)
             self._jobs_cache = (time.monotonic(), jobs)
-            self._report_stuck(jobs)
+            try:
+                self._report_stuck(jobs)
+            except SlurmCommandError as e:
+                logger.warning("could not give up on stuck jobs: %s", e)
         return jobs
 
     def _report_stuck(self, jobs: dict[str, JobInfo]) -> None:
@@ -262,19 +277,19 @@ class SlurmJobProvider(SlurmNodeProvider):
             raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             if self.job_id == NO_JOB:
-                self._start_head_job(node_config)
+                self._start_head_job(node_config, tags.get(TAG_RAY_USER_NODE_TYPE, "head"))
             self._create_head(self._allocation().head.name, tags)
             return None
         self._submit_workers(node_config, tags, count)
         return None
 
-    def _start_head_job(self, node_config: dict[str, Any]) -> None:
+    def _start_head_job(self, node_config: dict[str, Any], head_type: str) -> None:
         """Submit the head's own job (or find the one a racing `ray up` submitted), wait
         until SLURM runs it, and complete the provider config with it."""
         name = head_job_name(self.cluster_name)
         head = _live_head_job(self.cluster_name)
         if head is None:
-            request = node_request(self.provider_config, node_config, "head")
+            request = node_request(self.provider_config, node_config, head_type)
             log = self._head_log("%j")
             self.state.base.mkdir(mode=0o700, parents=True, exist_ok=True)
             job = submit(request, name, "#!/bin/bash\nexec sleep infinity\n", log, clean_env(os.environ))
@@ -282,30 +297,39 @@ class SlurmJobProvider(SlurmNodeProvider):
         else:
             job = head.job_id
             cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
-        deadline = time.monotonic() + float(
-            self.provider_config.get("head_start_timeout_s", HEAD_START_TIMEOUT)
-        )
+        try:
+            self._wait_head_job(job, name)
+            self._use_head_job(job)
+        except BaseException:
+            cancel_jobs([job])  # never leave a head job nobody tracks
+            raise
+
+    def _wait_head_job(self, job: str, name: str) -> None:
+        timeout = float(self.provider_config.get("head_start_timeout_s", HEAD_START_TIMEOUT))
+        started = time.monotonic()
         reason = ""
         while True:
             info = list_jobs(name).get(job)
+            waited = time.monotonic() - started
+            if info is None and waited < SUBMIT_GRACE_SECONDS:
+                time.sleep(1)  # not listed yet
+                continue
             if info is None or not info.live:
                 raise AllocationError(
                     f"the head's SLURM job {job} ended before it started"
                     + (f" ({info.state}, {info.reason})" if info else "")
                 )
             if info.state == "RUNNING":
-                break
-            if info.hopeless or time.monotonic() > deadline:
-                cancel_jobs([job])
+                return
+            if info.hopeless or waited > timeout:
                 raise AllocationError(
-                    f"the head's SLURM job {job} did not start ({info.state}, reason {info.reason}); "
-                    "it was cancelled"
+                    f"the head's SLURM job {job} did not start ({info.state}, reason {info.reason}) "
+                    f"within provider.head_start_timeout_s={timeout:g}; it was cancelled"
                 )
             if info.reason != reason:
                 reason = info.reason
                 cli_logger.print(f"The head's SLURM job {job} is {info.state} ({reason})")
             time.sleep(1)
-        self._use_head_job(job)
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
@@ -404,6 +428,35 @@ class SlurmJobProvider(SlurmNodeProvider):
                 cancel_jobs([self.job_id])
             self._head_log(self.job_id).unlink(missing_ok=True)
 
+    def cleanup_cluster_resources(self) -> None:
+        """The end of ``ray down``, also when the head is gone (then ``stop_all`` never
+        ran): cancel this head's worker jobs, worker jobs of earlier heads of this cluster
+        that no longer run, and the head's own job when ``ray up`` submitted it."""
+        jobs = list_jobs(f"eray.{self.cluster_name}.")
+        heads = {j.job_id for j in jobs.values() if j.name == head_job_name(self.cluster_name) and j.live}
+        gone_heads: dict[str, bool] = {}
+        doomed = []
+        for job in jobs.values():
+            parsed = parse_worker_job_name(job.name, self.cluster_name)
+            if not parsed or not job.live:
+                continue
+            head = parsed[0]
+            if head != self.job_id and head not in gone_heads:
+                gone_heads[head] = head not in heads and job_state(head) is None
+            if head == self.job_id or gone_heads[head]:
+                doomed.append(job.job_id)
+        if self.provider_config.get("head_job_owned") and self.job_id in heads:
+            doomed.append(self.job_id)
+        cancel_jobs(doomed)
+        for head, gone in gone_heads.items():
+            if gone:
+                shutil.rmtree(self.state.base / f"{self.cluster_name}-{head}", ignore_errors=True)
+                self._head_log(head).unlink(missing_ok=True)
+        if self.job_id != NO_JOB and self.state.dir.exists():
+            SlurmNodeProvider.stop_all(self)
+        if self.provider_config.get("head_job_owned"):
+            self._head_log(self.job_id).unlink(missing_ok=True)
+
     def _head_log(self, job: str):
         return self.state.base / f"{self.cluster_name}-head-{job}.log"
 
@@ -420,7 +473,7 @@ def _live_head_job(cluster: str) -> JobInfo | None:
     return min(heads, key=lambda j: int(j.job_id)) if heads else None
 
 
-def _check_requests(config: dict[str, Any]) -> None:
+def _check_requests(config: dict[str, Any], strict: bool) -> None:
     """SLURM's verdict on every worker type's request, before anything is submitted, so
     that ``ray up`` shows a refusal instead of the autoscaler failing in a log later."""
     env = clean_env(os.environ)
@@ -431,4 +484,6 @@ def _check_requests(config: dict[str, Any]) -> None:
         try:
             check_request(request, f"available_node_types.{name}", env)
         except SlurmCommandError as e:
-            raise ClusterConfigError(str(e)) from e
+            if strict:
+                raise ClusterConfigError(str(e)) from e
+            logger.warning("%s", e)

@@ -34,6 +34,16 @@ def head_mode(provider: dict[str, Any], in_allocation: bool) -> str:
         raise ClusterConfigError(f"provider.head must be one of {list(HEAD_MODES)}, got {mode!r}")
     if mode == "auto":
         return "allocation" if provider.get("job_id") or in_allocation else "job"
+    if mode == "allocation" and not provider.get("job_id") and not in_allocation:
+        raise ClusterConfigError(
+            "provider.head: allocation, but this is not inside a SLURM allocation and "
+            "provider.job_id is not set"
+        )
+    if mode == "job" and provider.get("job_id"):
+        raise ClusterConfigError(
+            f"provider.head: job (the head gets a job of its own) contradicts "
+            f"provider.job_id: {provider['job_id']!r}; remove one of them"
+        )
     return mode
 
 
@@ -94,7 +104,9 @@ def fill_elastic_config(
             continue
         request = node_request(provider, node_config, name)
         low = _count(spec.get("min_workers", 0), f"available_node_types.{name}.min_workers")
-        high = _count(spec.get("max_workers", low), f"available_node_types.{name}.max_workers")
+        high = _count(
+            spec.get("max_workers", out.get("max_workers", low)), f"available_node_types.{name}.max_workers"
+        )
         if high < low:
             raise ClusterConfigError(
                 f"available_node_types.{name}: max_workers ({high}) is below min_workers ({low})"

@@ -21,6 +21,7 @@ Node facts reach workers through variables set by the provider at ``ray start``:
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -28,6 +29,8 @@ import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 60.0
 #: How long shutdown waits for killed ranks to be gone before ending rank 0.
@@ -236,6 +239,32 @@ def _rank_actor_class():
     return JaxRank
 
 
+def _kill_and_wait(actors: list, timeout: float) -> None:
+    """Kill the actors and wait (bounded) until Ray knows each one is dead: a call on it
+    fails with ``RayActorError``; one that still answers is not gone yet."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout
+    alive = list(actors)
+    while alive and time.monotonic() < deadline:
+        refs = [a.__ray_ready__.remote() for a in alive]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, deadline - time.monotonic()))
+        still = []
+        for actor, ref in zip(alive, refs):
+            try:
+                if ref in done:
+                    ray.get(ref)
+                still.append(actor)
+            except RayActorError:
+                pass
+        alive = still
+        if alive:
+            time.sleep(0.2)
+
+
 class ProcessGroup:
     """N JAX processes as Ray actors; use as a context manager or call ``shutdown``."""
 
@@ -340,19 +369,14 @@ class ProcessGroup:
         which hosts JAX's coordination service. A collective ``jax.distributed.shutdown``
         races in JAX 0.10: a rank whose error poller sees the service close before its own
         shutdown ends aborts with a fatal log."""
-        import ray
         from ray.util.placement_group import remove_placement_group
 
         self._initialized = False
-        leader, others = self.actors[:1], self.actors[1:]
-        for group in (others, leader):
-            for actor in group:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:
-                    pass
-            # a call on a killed actor fails once its death is known
-            ray.wait([a.__ray_ready__.remote() for a in group], num_returns=len(group), timeout=KILL_WAIT)
+        for group in (self.actors[1:], self.actors[:1]):
+            try:
+                _kill_and_wait(group, KILL_WAIT)
+            except Exception as e:  # Ray disconnected: its actors are going anyway
+                logger.debug("shutdown: %s", e)
         self.actors = []
         if self.pg is not None:
             try:

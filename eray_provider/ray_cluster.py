@@ -31,7 +31,7 @@ from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
 from .cluster_state import ClusterState
 from .distributed import StepLayout, step_layout
 from .launch import cluster_env, stop_cluster
-from .slurm_cli import load_allocation
+from .slurm_cli import SlurmCommandError, load_allocation
 from .srun import job_state
 
 logger = logging.getLogger(__name__)
@@ -48,41 +48,56 @@ def in_srun_step(env: Mapping[str, str]) -> bool:
     return "SLURM_PROCID" in env and env.get("SLURM_STEP_ID") not in (None, "batch", "extern")
 
 
+def _slurm_cluster(env: Mapping[str, str]) -> str:
+    return env.get("SLURM_CLUSTER_NAME") or "slurm"
+
+
 def step_cluster_name(env: Mapping[str, str]) -> str:
     """Unique per srun invocation: job ids start again after a controller's cold start, so
-    the step id alone could meet an earlier job's leftovers."""
-    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}"
+    the step id alone could meet an earlier job's leftovers. It names the SLURM cluster
+    too: job ids of two SLURM clusters sharing a HOME are unrelated."""
+    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{_slurm_cluster(env)}"
 
 
 def _marker(state: ClusterState, name: str):
     return state.dir / name
 
 
-def _remove_leftovers(base: Path) -> None:
-    """State of step clusters whose job has ended (their first task was killed before its
-    exit handler ran; SLURM ended their processes with the job)."""
+def _remove_leftovers(base: Path, slurm_cluster: str) -> None:
+    """Best effort: state of this SLURM cluster's step clusters whose job has ended (their
+    first task was killed before its exit handler ran; SLURM ended their processes)."""
     by_job: dict[str, list[Path]] = {}
-    for path in base.glob("step*-*-*"):
+    for path in base.glob(f"step*@{slurm_cluster}-*"):
         by_job.setdefault(path.name.rsplit("-", 1)[1], []).append(path)
     for job, paths in by_job.items():
-        if job.isdigit() and job_state(job) is None:
+        try:
+            ended = job.isdigit() and job_state(job) is None
+        except SlurmCommandError as e:
+            logger.warning("not removing leftovers of job %s: %s", job, e)
+            continue
+        if ended:
             for path in paths:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _build(state: ClusterState, layout: StepLayout, start_workers: bool, timeout: float) -> str:
-    """First process: the step's cluster, then the ``ready`` (or ``failed``) marker."""
-    _remove_leftovers(state.base)
-    nodes = list(layout.nodes if start_workers else layout.nodes[:1])
-    alloc = load_allocation(layout.job_id)
-    provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
-    if state.exists():
-        raise AllocationError(f"a cluster {state.cluster_name!r} of job {layout.job_id} exists ({state.dir})")
+def _build(
+    state: ClusterState, layout: StepLayout, env: Mapping[str, str], start_workers: bool, timeout: float
+) -> str:
+    """First process: the step's cluster, then the ``ready`` (or ``failed``) marker, which
+    every other process waits for."""
     atexit.register(_teardown, state, layout.num_processes)
     try:
+        if state.exists():
+            raise AllocationError(
+                f"a cluster {state.cluster_name!r} of job {layout.job_id} exists ({state.dir})"
+            )
+        _remove_leftovers(state.base, _slurm_cluster(env))
+        nodes = list(layout.nodes if start_workers else layout.nodes[:1])
+        alloc = load_allocation(layout.job_id)
+        provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
         address = start_cluster(state, Allocation.from_dict(provider["allocation"]), provider, timeout)
     except Exception as e:
-        state.dir.mkdir(parents=True, exist_ok=True)
+        state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _marker(state, "failed").write_text(str(e))
         raise
     _marker(state, "ready").write_text(address)
@@ -129,7 +144,7 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     layout = step_layout(env)
     state = ClusterState(step_cluster_name(env), layout.job_id)
     if layout.process_id == 0:
-        address = _build(state, layout, start_workers, timeout)
+        address = _build(state, layout, env, start_workers, timeout)
     else:
         address = _wait_ready(state, timeout + 120)
     # registered before ray.init, so it runs after Ray's own exit handler

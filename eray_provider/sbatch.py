@@ -57,6 +57,21 @@ _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 _MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
+#: sbatch options the provider sets itself or that would hide the job from it.
+_RESERVED_LONG = (
+    "--job-name", "--output", "--error", "--array", "--export", "--parsable", "--wrap",
+    "--test-only", "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--mem",
+    "--mem-per-cpu", "--mem-per-gpu", "--gpus", "--gpus-per-node", "--gres", "--chdir",
+)  # fmt: skip
+_RESERVED_SHORT = ("-J", "-o", "-e", "-a", "-N", "-n", "-c", "-G", "-D")
+
+
+def _reserved(option: str) -> bool:
+    if option.startswith("--"):
+        return option.split("=", 1)[0] in _RESERVED_LONG
+    return option[:2] in _RESERVED_SHORT
+
+
 class SbatchRequestError(ValueError):
     """A node type's sbatch request is malformed."""
 
@@ -114,6 +129,13 @@ class SbatchRequest:
         extra = merged.get("extra") or []
         if isinstance(extra, str) or not all(isinstance(e, str) and e.startswith("-") for e in extra):
             raise SbatchRequestError(f"{where}.extra: expected a list of sbatch options, got {extra!r}")
+        for option in extra:
+            if _reserved(option):
+                raise SbatchRequestError(
+                    f"{where}.extra: {option!r} is set by eray-provider (job name, output, node "
+                    "and task layout, environment) or breaks tracking the job; use the request's "
+                    "own fields"
+                )
         text = {}
         for key in ("partition", "account", "qos", "time", "constraint", "reservation"):
             value = merged.get(key)

@@ -18,6 +18,8 @@ out = []
 s = socket.socket(); s.bind(("", base)); s.listen(); out.append(s.getsockname()[0])
 s6 = socket.socket(socket.AF_INET6); s6.bind(("::", base + 1)); s6.listen(); out.append(s6.getsockname()[0])
 far = socket.socket(); far.bind(("", base + 300)); far.listen(); out.append(far.getsockname()[0])
+only6 = socket.socket(socket.AF_INET6); only6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+only6.bind(("::", base + 2)); only6.listen(); out.append(only6.getsockname()[0])
 c = socket.socket(); c.settimeout(5)
 out.append("connected" if c.connect_ex(("127.0.0.1", base)) == 0 else "refused")
 print(" ".join(out))
@@ -43,19 +45,22 @@ def test_shim_is_built_by_the_install() -> None:
 
 def test_wildcard_binds_of_the_clusters_ports_go_to_the_node_and_loopback_follows() -> None:
     env = dict(os.environ, **bind_env(shim_path(), "127.0.0.2", [PLAN], {}))
-    v4, v6, far, connect = run_probe(env)
+    v4, v6, far, only6, connect = run_probe(env)
     assert v4 == "127.0.0.2"
     assert v6 == "::ffff:127.0.0.2"  # dual-stack wildcard -> the node's IPv4, v4-mapped
     assert far == "0.0.0.0"  # outside the cluster's block: untouched
+    assert only6 == "::"  # an IPv6-only socket cannot take the v4-mapped address: untouched
     assert connect == "connected"  # 127.0.0.1:port reaches the listener on the node address
     # without the shim the same program listens on all interfaces
     plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    assert run_probe(plain)[:3] == ["0.0.0.0", "::", "0.0.0.0"]
+    assert run_probe(plain)[:4] == ["0.0.0.0", "::", "0.0.0.0", "::"]
 
 
 def test_env_and_ranges() -> None:
     other = plan_for_block("8", 43008)
-    assert port_ranges([PLAN, other, PLAN]) == "40960-41215,43008-43263"
+    # whole blocks but the dashboard's port (it binds the address it is given)
+    assert port_ranges([PLAN, other, PLAN]) == "40960-40960,40962-41215,43008-43008,43010-43263"
+    assert PLAN.dashboard == 40961 and other.dashboard == 43009
     env = bind_env("/x/shim.so", "10.0.0.5", [PLAN], {"LD_PRELOAD": "/usr/lib/libfoo.so"})
     assert env["LD_PRELOAD"] == "/x/shim.so /usr/lib/libfoo.so"
-    assert env["ERAY_BIND_ADDRESS"] == "10.0.0.5" and env["ERAY_BIND_PORTS"] == "40960-41215"
+    assert env["ERAY_BIND_ADDRESS"] == "10.0.0.5" and env["ERAY_BIND_PORTS"] == "40960-40960,40962-41215"

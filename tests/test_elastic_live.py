@@ -54,6 +54,10 @@ class ElasticCluster(Cluster):
         raise AssertionError(f"{what} not seen within {timeout} s; jobs: {jobs}")
 
 
+def step_ids(testbed: Testbed, job: str) -> list[str]:
+    return testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], check=False).stdout.split()
+
+
 def workers(jobs: dict[str, str]) -> set[str]:
     return {j for j, name in jobs.items() if not name.endswith(".head")}
 
@@ -171,6 +175,14 @@ def test_a_job_slurm_will_not_start_is_cancelled_and_shown_by_ray_status(testbed
         assert "fix available_node_types.cpu.node_config.sbatch" in monitor
         # the held job was cancelled, and no other is submitted while the refusal stands
         assert cluster.wait_jobs(lambda j: set(j) == {head_job}, timeout=60, what="only the head's job")
+        # the head's Ray dies while its job holds on: `ray down` still gives the job back
+        steps = testbed.run(["squeue", "-h", "-s", "-j", head_job, "-o", "%i %j"]).stdout.split("\n")
+        (head_step,) = [line.split()[0] for line in steps if " eray.elheld.head." in f" {line}"]
+        testbed.run(["scancel", head_step])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and head_step in step_ids(testbed, head_job):
+            time.sleep(1)
+        assert head_step not in step_ids(testbed, head_job), "the head's step did not end"
     finally:
         cluster.down(check=False)
     assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}

@@ -80,6 +80,13 @@ def test_request_to_sbatch_options_and_resources() -> None:
         ({"cpus_per_node": 2, "extra": "--exclusive"}, "t.extra: expected a list of sbatch options"),
         ({"cpus_per_node": 2, "partition": "a b"}, "t.partition: expected one word, got 'a b'"),
         ("cpus=2", "t: expected a mapping of sbatch options, got 'cpus=2'"),
+        ({"cpus_per_node": 2, "extra": ["--job-name=x"]}, "t.extra: '--job-name=x' is set by eray-provider"),
+        ({"cpus_per_node": 2, "extra": ["-Jx"]}, "t.extra: '-Jx' is set by eray-provider"),
+        ({"cpus_per_node": 2, "extra": ["--array=1-4"]}, "t.extra: '--array=1-4' is set by eray-provider"),
+        (
+            {"cpus_per_node": 2, "extra": ["--export=NONE"]},
+            "t.extra: '--export=NONE' is set by eray-provider",
+        ),
     ],
 )
 def test_bad_requests_name_the_field_and_value(request_, needle) -> None:
@@ -166,3 +173,14 @@ def test_elastic_config_errors() -> None:
         head_mode({"head": "login"}, False)
     assert head_mode({}, False) == "job" and head_mode({}, True) == "allocation"
     assert head_mode({"job_id": 5}, False) == "allocation" and head_mode({"head": "job"}, True) == "job"
+    with pytest.raises(ClusterConfigError, match="not inside a SLURM allocation"):
+        head_mode({"head": "allocation"}, False)
+    with pytest.raises(ClusterConfigError, match=r"contradicts provider\.job_id: 5"):
+        head_mode({"head": "job", "job_id": 5}, False)
+    # a type without max_workers may use the whole cluster's
+    loose = copy.deepcopy(YAML)
+    del loose["available_node_types"]["cpu"]["max_workers"]
+    assert (
+        fill_elastic_config(loose, None)["available_node_types"]["cpu"]["max_workers"] == YAML["max_workers"]
+    )
+    assert SbatchRequest.from_config({"cpus_per_node": 1, "extra": ["--exclusive", "--hold"]}, None, "t")

@@ -15,8 +15,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 def test_srun_three_tasks_get_jax_and_a_three_node_ray_cluster(testbed: Testbed, allocation: str) -> None:
     env = dict(testbed.env, JAX_PLATFORMS="cpu")
     # what a killed first task of an ended job left behind is removed by the next one
-    leftover = Path.home() / ".eray-provider" / "step7-40001-999999"
+    leftover = Path.home() / ".eray-provider" / "step7-40001@eraytest-999999"
     (leftover / "nodes").mkdir(parents=True, exist_ok=True)
+    # ...but not what another SLURM cluster sharing this HOME keeps (its job ids are its own)
+    foreign = Path.home() / ".eray-provider" / "step7-40001@othercluster-999999"
+    foreign.mkdir(parents=True, exist_ok=True)
     proc = testbed.run(
         ["srun", f"--jobid={allocation}", "--overlap", "-N3", "-n3", "--ntasks-per-node=1",
          sys.executable, "tests/drivers/auto_cluster.py"],
@@ -38,6 +41,8 @@ def test_srun_three_tasks_get_jax_and_a_three_node_ray_cluster(testbed: Testbed,
     clusters = [p.name for p in (Path.home() / ".eray-provider").glob(f"step*-{allocation}")]
     assert clusters == []
     assert not leftover.exists()
+    assert foreign.exists()
+    foreign.rmdir()
     for node in nodes:
         assert node_tmp_entries(testbed, node, allocation) == []
     assert wait_gone(allocation, "step*", timeout=60) == []
