@@ -89,31 +89,27 @@ static const struct sockaddr *rewrite(int fd, const struct sockaddr *addr, sockl
     return addr;
 }
 
-/* The next definition of `name` (libc's); NULL only in a broken process. */
-static sock_fn next_fn(const char *name) {
-    return (sock_fn)dlsym(RTLD_NEXT, name);
+/* libc's `name` (found once; the pointer is shared between threads), called with the
+ * address rewritten; the raw syscall if libc's cannot be found. */
+static int call_next(sock_fn *cache, const char *name, long sysno, int fd, const struct sockaddr *addr,
+                     socklen_t len, int for_bind) {
+    struct sockaddr_storage buf;
+    const struct sockaddr *use = rewrite(fd, addr, len, for_bind, &buf);
+    sock_fn fn = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = (sock_fn)dlsym(RTLD_NEXT, name);
+        if (!fn) return (int)syscall(sysno, fd, use, len);
+        __atomic_store_n(cache, fn, __ATOMIC_RELEASE);
+    }
+    return fn(fd, use, len);
 }
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     static sock_fn real;
-    struct sockaddr_storage buf;
-    sock_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
-    if (!fn) {
-        fn = next_fn("bind");
-        if (!fn) return (int)syscall(SYS_bind, fd, addr, len);
-        __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
-    }
-    return fn(fd, rewrite(fd, addr, len, 1, &buf), len);
+    return call_next(&real, "bind", SYS_bind, fd, addr, len, 1);
 }
 
 int connect(int fd, const struct sockaddr *addr, socklen_t len) {
     static sock_fn real;
-    struct sockaddr_storage buf;
-    sock_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
-    if (!fn) {
-        fn = next_fn("connect");
-        if (!fn) return (int)syscall(SYS_connect, fd, addr, len);
-        __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
-    }
-    return fn(fd, rewrite(fd, addr, len, 0, &buf), len);
+    return call_next(&real, "connect", SYS_connect, fd, addr, len, 0);
 }

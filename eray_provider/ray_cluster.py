@@ -31,7 +31,7 @@ from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
 from .cluster_state import ClusterState
 from .distributed import StepLayout, step_layout
 from .launch import cluster_env, stop_cluster
-from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_cli import SlurmCommandError, cluster_name, load_allocation
 from .srun import job_state
 
 logger = logging.getLogger(__name__)
@@ -48,15 +48,11 @@ def in_srun_step(env: Mapping[str, str]) -> bool:
     return "SLURM_PROCID" in env and env.get("SLURM_STEP_ID") not in (None, "batch", "extern")
 
 
-def _slurm_cluster(env: Mapping[str, str]) -> str:
-    return env.get("SLURM_CLUSTER_NAME") or "slurm"
-
-
-def step_cluster_name(env: Mapping[str, str]) -> str:
+def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
     """Unique per srun invocation: job ids start again after a controller's cold start, so
     the step id alone could meet an earlier job's leftovers. It names the SLURM cluster
     too: job ids of two SLURM clusters sharing a HOME are unrelated."""
-    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{_slurm_cluster(env)}"
+    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{slurm_cluster}"
 
 
 def _marker(state: ClusterState, name: str):
@@ -81,7 +77,7 @@ def _remove_leftovers(base: Path, slurm_cluster: str) -> None:
 
 
 def _build(
-    state: ClusterState, layout: StepLayout, env: Mapping[str, str], start_workers: bool, timeout: float
+    state: ClusterState, layout: StepLayout, slurm_cluster: str, start_workers: bool, timeout: float
 ) -> str:
     """First process: the step's cluster, then the ``ready`` (or ``failed``) marker, which
     every other process waits for."""
@@ -91,7 +87,7 @@ def _build(
             raise AllocationError(
                 f"a cluster {state.cluster_name!r} of job {layout.job_id} exists ({state.dir})"
             )
-        _remove_leftovers(state.base, _slurm_cluster(env))
+        _remove_leftovers(state.base, slurm_cluster)
         nodes = list(layout.nodes if start_workers else layout.nodes[:1])
         alloc = load_allocation(layout.job_id)
         provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
@@ -142,9 +138,10 @@ def _teardown(state: ClusterState, processes: int) -> None:
 def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -> tuple[str, str | None]:
     """(GCS address, the address of this node's Ray node, when it has one)."""
     layout = step_layout(env)
-    state = ClusterState(step_cluster_name(env), layout.job_id)
+    slurm_cluster = cluster_name(env)
+    state = ClusterState(step_cluster_name(env, slurm_cluster), layout.job_id)
     if layout.process_id == 0:
-        address = _build(state, layout, env, start_workers, timeout)
+        address = _build(state, layout, slurm_cluster, start_workers, timeout)
     else:
         address = _wait_ready(state, timeout + 120)
     # registered before ray.init, so it runs after Ray's own exit handler

@@ -130,6 +130,18 @@ def srun_port_range() -> tuple[int, int] | None:
     return parse_port_range(config.get("SrunPortRange"))
 
 
+def cluster_name(env: Mapping[str, str]) -> str:
+    """The SLURM cluster's name: ``SLURM_CLUSTER_NAME`` (not set in steps started with
+    ``srun --jobid`` from outside the job), else ``ClusterName`` of the config."""
+    if env.get("SLURM_CLUSTER_NAME"):
+        return env["SLURM_CLUSTER_NAME"]
+    try:
+        name = parse_config(run_slurm(["scontrol", "show", "config"], timeout=15)).get("ClusterName")
+    except SlurmCommandError:
+        name = None
+    return name or "slurm"
+
+
 def host_exclusions() -> list[tuple[int, int]]:
     """Port ranges of this host that a job's port plan must avoid."""
     return [r for r in (ephemeral_range(), srun_port_range()) if r is not None]
