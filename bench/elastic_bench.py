@@ -80,7 +80,9 @@ def by_hand_round(state: Path, env: dict[str, str]) -> float:
         return time.monotonic() - t0
     finally:
         subprocess.run(["scancel", job], env=env)
-        time.sleep(3)
+        deadline = time.monotonic() + 120  # the next round starts from the same cluster
+        while count_alive(address, e) > before and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 def main() -> None:
@@ -99,7 +101,7 @@ def main() -> None:
         path.write_text(yaml.safe_dump(config))
         subprocess.run(["ray", "up", "-y", str(path)], env=env, check=True, capture_output=True)
         try:
-            state = next((Path.home() / ".eray-provider").glob(f"{NAME}-*"))
+            state = next(p for p in (Path.home() / ".eray-provider").glob(f"{NAME}-*") if p.is_dir())
             a = [elastic_round(path, env) for _ in range(args.rounds)]
             b = [by_hand_round(state, env) for _ in range(args.rounds)]
         finally:

@@ -79,6 +79,7 @@ def _parse_node_id(node_id: str) -> tuple[str, int] | None:
 class SlurmJobProvider(SlurmNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
+        self._workers_cache: tuple[dict | None, dict[str, tuple[JobInfo, str]]] = (None, {})
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -118,15 +119,16 @@ class SlurmJobProvider(SlurmNodeProvider):
         filled = fill_elastic_config(cluster_config, head_alloc)
         filled["provider"]["job_id_from_config"] = bool(provider.get("job_id"))
         filled["provider"]["head_job_owned"] = head_owned
-        # a refusal stops `ray up` of a new cluster; for one that runs (`ray down`, `ray
-        # exec`...) it is only a warning
+        # checked before a new cluster starts; `ray down`, `ray exec`... of a running one
+        # must not depend on what SLURM would accept today
         exists = (
             job is not None
             and ClusterState(
                 cluster_config["cluster_name"], str(job), filled["provider"]["state_dir"]
             ).exists()
         )
-        _check_requests(filled, strict=not exists)
+        if not exists:
+            _check_requests(filled)
         return filled
 
     # ------------------------------------------------------------------ squeue
@@ -150,7 +152,8 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _report_stuck(self, jobs: dict[str, JobInfo]) -> None:
         """Give up on worker jobs that wait for what will not change (a held job, a time
         limit over the partition's...): cancel them and remember the refusal, so that the
-        next launch of that type fails with SLURM's reason (``ray status -v`` shows it)."""
+        next launch of that type fails with SLURM's reason (``ray status`` shows the launch
+        failure, the head's monitor.log the reason)."""
         hopeless = []
         for job in jobs.values():
             parsed = parse_worker_job_name(job.name, self.cluster_name)
@@ -183,13 +186,17 @@ class SlurmJobProvider(SlurmNodeProvider):
             )
 
     def _worker_jobs(self) -> dict[str, tuple[JobInfo, str]]:
-        """Live worker jobs of this cluster's head: job id -> (info, node type)."""
-        out = {}
-        for job in self._jobs().values():
-            parsed = parse_worker_job_name(job.name, self.cluster_name)
-            if parsed and parsed[0] == self.job_id and job.live:
-                out[job.job_id] = (job, parsed[1])
-        return out
+        """Live worker jobs of this cluster's head: job id -> (info, node type); computed
+        once per squeue listing (the autoscaler asks about every node in one round)."""
+        jobs = self._jobs()
+        if self._workers_cache[0] is not jobs:
+            out = {}
+            for job in jobs.values():
+                parsed = parse_worker_job_name(job.name, self.cluster_name)
+                if parsed and parsed[0] == self.job_id and job.live:
+                    out[job.job_id] = (job, parsed[1])
+            self._workers_cache = (jobs, out)
+        return self._workers_cache[1]
 
     # ------------------------------------------------------------------ node view
     def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
@@ -197,31 +204,35 @@ class SlurmJobProvider(SlurmNodeProvider):
             return False  # worker jobs are judged by _elastic_ids
         return super()._alive(node_id, rec, markers, steps)
 
+    def _elastic_alive(self, node_id: str, job: str, index: int) -> bool:
+        """A worker node lives while its job is live in squeue (pending or running), it
+        was not terminated and its Ray has not ended; a job just submitted counts as
+        pending until squeue lists it (at most SUBMIT_GRACE_SECONDS)."""
+        rec = self._records().get(node_id, {})
+        if rec.get("terminated") or f"{node_id}.exit" in self.state.markers():
+            return False
+        found = self._worker_jobs().get(job)
+        if found is not None:
+            return index < max(found[0].num_nodes, 1)
+        return (
+            "created" in rec
+            and job not in self._jobs()  # listed but ended: gone at once
+            and time.time() - rec["created"] < SUBMIT_GRACE_SECONDS
+        )
+
     def _elastic_ids(self) -> list[str]:
         if self.job_id == NO_JOB:
             return []
-        records = self._records()
-        markers = self.state.markers()
-        jobs = self._worker_jobs()
-        ids = []
-        for job, _node_type in jobs.values():
-            for index in range(max(job.num_nodes, 1)):
-                node_id = elastic_node_id(job.job_id, index)
-                rec = records.get(node_id, {})
-                if not rec.get("terminated") and f"{node_id}.exit" not in markers:
-                    ids.append(node_id)
-        now = time.time()
-        for node_id, rec in records.items():
-            job = rec.get("slurm_job")
-            if (
-                job
-                and job not in jobs
-                and not rec.get("terminated")
-                and now - rec["created"] < SUBMIT_GRACE_SECONDS
-                and job not in self._jobs()  # listed but ended: gone at once
-            ):
-                ids.append(node_id)
-        return ids
+        candidates = {
+            elastic_node_id(job.job_id, index): (job.job_id, index)
+            for job, _node_type in self._worker_jobs().values()
+            for index in range(max(job.num_nodes, 1))
+        }
+        for node_id, rec in self._records().items():
+            parsed = _parse_node_id(node_id)
+            if rec.get("slurm_job") and parsed:
+                candidates.setdefault(node_id, parsed)
+        return [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         ids = super().non_terminated_nodes(tag_filters)
@@ -250,12 +261,13 @@ class SlurmJobProvider(SlurmNodeProvider):
         if parsed is None:
             return super().is_running(node_id)
         found = self._worker_jobs().get(parsed[0])
-        return bool(found and found[0].state == "RUNNING" and node_id in self._elastic_ids())
+        return bool(found and found[0].state == "RUNNING" and self._elastic_alive(node_id, *parsed))
 
     def is_terminated(self, node_id: str) -> bool:
-        if _parse_node_id(node_id) is None:
+        parsed = _parse_node_id(node_id)
+        if parsed is None:
             return super().is_terminated(node_id)
-        return node_id not in self._elastic_ids()
+        return self.job_id == NO_JOB or not self._elastic_alive(node_id, *parsed)
 
     def internal_ip(self, node_id: str) -> str:
         parsed = _parse_node_id(node_id)
@@ -411,27 +423,14 @@ class SlurmJobProvider(SlurmNodeProvider):
         self._jobs_cache = (0.0, self._jobs_cache[1])
 
     def stop_all(self) -> None:
-        """``ray down``: cancel the cluster's worker jobs, stop the head, and cancel the
-        head's job when ``ray up`` submitted it."""
-        try:
-            ours = [j.job_id for j in list_jobs(f"eray.{self.cluster_name}.{self.job_id}.").values()]
-        except SlurmCommandError as e:
-            logger.warning("cannot list the cluster's jobs: %s", e)
-            ours = []
-        recorded = {r["slurm_job"] for r in self._records().values() if r.get("slurm_job")}
-        cancel_jobs(sorted(set(ours) | (recorded & set(self._jobs()))))
-        owned = self.provider_config.get("head_job_owned")
-        if self.job_id != NO_JOB:
-            super().stop_all()
-        if owned:
-            if job_state(self.job_id) is not None:
-                cancel_jobs([self.job_id])
-            self._head_log(self.job_id).unlink(missing_ok=True)
+        """``ray stop`` of this cluster (``ray down``): see ``cleanup_cluster_resources``."""
+        self.cleanup_cluster_resources()
 
     def cleanup_cluster_resources(self) -> None:
-        """The end of ``ray down``, also when the head is gone (then ``stop_all`` never
-        ran): cancel this head's worker jobs, worker jobs of earlier heads of this cluster
-        that no longer run, and the head's own job when ``ray up`` submitted it."""
+        """The end of ``ray down``, also when the head is gone (then ``ray stop`` never
+        reached ``stop_all``): cancel this head's worker jobs and those of earlier heads of
+        this cluster that no longer run, stop the head's steps, then cancel the head's own
+        job when ``ray up`` submitted it."""
         jobs = list_jobs(f"eray.{self.cluster_name}.")
         heads = {j.job_id for j in jobs.values() if j.name == head_job_name(self.cluster_name) and j.live}
         gone_heads: dict[str, bool] = {}
@@ -445,8 +444,6 @@ class SlurmJobProvider(SlurmNodeProvider):
                 gone_heads[head] = head not in heads and job_state(head) is None
             if head == self.job_id or gone_heads[head]:
                 doomed.append(job.job_id)
-        if self.provider_config.get("head_job_owned") and self.job_id in heads:
-            doomed.append(self.job_id)
         cancel_jobs(doomed)
         for head, gone in gone_heads.items():
             if gone:
@@ -455,6 +452,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         if self.job_id != NO_JOB and self.state.dir.exists():
             SlurmNodeProvider.stop_all(self)
         if self.provider_config.get("head_job_owned"):
+            if self.job_id in heads:
+                cancel_jobs([self.job_id])
             self._head_log(self.job_id).unlink(missing_ok=True)
 
     def _head_log(self, job: str):
@@ -473,7 +472,7 @@ def _live_head_job(cluster: str) -> JobInfo | None:
     return min(heads, key=lambda j: int(j.job_id)) if heads else None
 
 
-def _check_requests(config: dict[str, Any], strict: bool) -> None:
+def _check_requests(config: dict[str, Any]) -> None:
     """SLURM's verdict on every worker type's request, before anything is submitted, so
     that ``ray up`` shows a refusal instead of the autoscaler failing in a log later."""
     env = clean_env(os.environ)
@@ -484,6 +483,4 @@ def _check_requests(config: dict[str, Any], strict: bool) -> None:
         try:
             check_request(request, f"available_node_types.{name}", env)
         except SlurmCommandError as e:
-            if strict:
-                raise ClusterConfigError(str(e)) from e
-            logger.warning("%s", e)
+            raise ClusterConfigError(str(e)) from e
