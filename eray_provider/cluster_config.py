@@ -16,6 +16,7 @@ from typing import Any
 from .allocation import Allocation
 from .cluster_state import default_base
 from .hostlist import HostlistError, expand
+from .names import check_cluster_name
 from .node_spec import (
     DEFAULT_OBJECT_STORE_FRACTION,
     HEAD_TYPE,
@@ -121,6 +122,7 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
     """The launcher config for ``alloc``; idempotent on an already filled config."""
     if config.get("provider", {}).get(FILLED):
         return config
+    check_cluster_name(config.get("cluster_name"))
     out = copy.deepcopy(config)
     provider = out["provider"]
     try:

@@ -33,6 +33,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from .names import check_cluster_name
 from .ports import PortPlan
 
 STATE_DIR_ENV = "ERAY_STATE_DIR"
@@ -70,9 +71,7 @@ class ClusterState:
     """The on-disk state of one cluster of one job."""
 
     def __init__(self, cluster_name: str, job_id: str, base: str | Path | None = None) -> None:
-        if not cluster_name or "/" in cluster_name or cluster_name.startswith("."):
-            raise ValueError(f"cluster_name must be a plain name, got {cluster_name!r}")
-        self.cluster_name = cluster_name
+        self.cluster_name = check_cluster_name(cluster_name)
         self.job_id = str(job_id)
         self.base = Path(base) if base else default_base()
         self.dir = self.base / f"{cluster_name}-{self.job_id}"

@@ -42,15 +42,9 @@ from .cluster_state import ClusterState
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
 from .launch import node_env
+from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_job_name, worker_job_name
 from .provider import SlurmNodeProvider
-from .sbatch import (
-    JobInfo,
-    SbatchRequest,
-    elastic_node_id,
-    head_job_name,
-    parse_worker_job_name,
-    worker_job_name,
-)
+from .sbatch import JobInfo, SbatchRequest, elastic_node_id
 from .slurm_cli import SlurmCommandError, load_allocation
 from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
@@ -99,6 +93,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         provider = cluster_config["provider"]
         if provider.get(FILLED):
             return cluster_config
+        check_cluster_name(cluster_config.get("cluster_name"))
         env_job = job_id_from_env(os.environ)
         mode = head_mode(provider, env_job is not None)
         job = provider.get("job_id") or (env_job if mode == "allocation" else None)
@@ -137,7 +132,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         stamp, jobs = self._jobs_cache
         if time.monotonic() - stamp > JOB_CACHE_SECONDS:
             try:
-                jobs = list_jobs(f"eray.{self.cluster_name}.")
+                jobs = list_jobs(self.cluster_name)
             except SlurmCommandError as e:
                 if not stamp:
                     raise  # no list yet: an empty one would make every worker look ended
@@ -298,30 +293,35 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _start_head_job(self, node_config: dict[str, Any], head_type: str) -> None:
         """Submit the head's own job (or find the one a racing `ray up` submitted), wait
         until SLURM runs it, and complete the provider config with it."""
-        name = head_job_name(self.cluster_name)
         head = _live_head_job(self.cluster_name)
         if head is None:
             request = node_request(self.provider_config, node_config, head_type)
             log = self._head_log("%j")
             self.state.base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            job = submit(request, name, "#!/bin/bash\nexec sleep infinity\n", log, clean_env(os.environ))
+            job = submit(
+                request,
+                head_job_name(self.cluster_name),
+                "#!/bin/bash\nexec sleep infinity\n",
+                log,
+                clean_env(os.environ),
+            )
             cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
         else:
             job = head.job_id
             cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
         try:
-            self._wait_head_job(job, name)
+            self._wait_head_job(job)
             self._use_head_job(job)
         except BaseException:
             cancel_jobs([job])  # never leave a head job nobody tracks
             raise
 
-    def _wait_head_job(self, job: str, name: str) -> None:
+    def _wait_head_job(self, job: str) -> None:
         timeout = float(self.provider_config.get("head_start_timeout_s", HEAD_START_TIMEOUT))
         started = time.monotonic()
         reason = ""
         while True:
-            info = list_jobs(name).get(job)
+            info = list_jobs(self.cluster_name).get(job)
             waited = time.monotonic() - started
             if info is None and waited < SUBMIT_GRACE_SECONDS:
                 time.sleep(1)  # not listed yet
@@ -431,8 +431,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         reached ``stop_all``): cancel this head's worker jobs and those of earlier heads of
         this cluster that no longer run, stop the head's steps, then cancel the head's own
         job when ``ray up`` submitted it."""
-        jobs = list_jobs(f"eray.{self.cluster_name}.")
-        heads = {j.job_id for j in jobs.values() if j.name == head_job_name(self.cluster_name) and j.live}
+        jobs = list_jobs(self.cluster_name)
+        heads = {j.job_id for j in jobs.values() if is_head_job(j.name, self.cluster_name) and j.live}
         gone_heads: dict[str, bool] = {}
         doomed = []
         for job in jobs.values():
@@ -466,9 +466,7 @@ def _head_fields(job: str, allocation: dict[str, Any]) -> dict[str, Any]:
 
 def _live_head_job(cluster: str) -> JobInfo | None:
     """The head's own job of ``cluster`` (submitted by an earlier or racing ``ray up``)."""
-    heads = [
-        j for j in list_jobs(head_job_name(cluster)).values() if j.name == head_job_name(cluster) and j.live
-    ]
+    heads = [j for j in list_jobs(cluster).values() if is_head_job(j.name, cluster) and j.live]
     return min(heads, key=lambda j: int(j.job_id)) if heads else None
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from .allocation import Allocation
 from .cluster_config import FILLED, ClusterConfigError, select_nodes, set_launcher_keys
 from .cluster_state import default_base
+from .names import check_cluster_name
 from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, ray_resources
 from .sbatch import SbatchRequest, SbatchRequestError
 
@@ -72,6 +73,7 @@ def fill_elastic_config(
     up`` will submit the head's job and complete the provider section then)."""
     if config.get("provider", {}).get(FILLED):
         return config
+    check_cluster_name(config.get("cluster_name"))
     out = copy.deepcopy(config)
     provider = out["provider"]
     fraction = float(provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION))

@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from .allocation import Allocation
 from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
+from .names import is_cluster_step, step_name
 from .ports import PortPlan, candidates, choose_plan
 from .slurm_cli import SlurmCommandError, host_exclusions
-from .srun import cancel_steps, clean_env, launch_detached, list_steps, srun_argv, step_prefix
+from .srun import cancel_steps, clean_env, launch_detached, list_steps, srun_argv
 
 HEAD_READY_TIMEOUT = 300.0
 
@@ -127,7 +128,7 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
         alloc.job_id,
         alloc.node_names,
         [python, "-m", "eray_provider.port_probe", *map(str, probe)],
-        name=f"{step_prefix(state.cluster_name)}probe",
+        name=step_name(state.cluster_name, "probe"),
     )
     proc = subprocess.run(
         argv,
@@ -159,7 +160,7 @@ def launch_head(
         rec = doc["nodes"][node_id]
         proc = None
         if not rec.get("launched") or state.read_marker(node_id, "exit") is not None:
-            name = f"{step_prefix(state.cluster_name)}head.{rec['gen']}"
+            name = step_name(state.cluster_name, f"head.{rec['gen']}")
             argv = srun_argv(state.job_id, [slurm_node], [python, "-m", "eray_provider.node_run"], name=name)
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             doc = json.loads(json.dumps(doc))
@@ -172,7 +173,7 @@ def launch_workers(
     state: ClusterState, nodes: Mapping[str, str], node_type: str, python: str, batch: int
 ) -> subprocess.Popen:
     """One srun step for a batch of workers (``slurm node -> node id``); does not wait."""
-    name = f"{step_prefix(state.cluster_name)}workers.{batch}"
+    name = step_name(state.cluster_name, f"workers.{batch}")
     argv = srun_argv(state.job_id, list(nodes), [python, "-m", "eray_provider.node_run"], name=name)
     env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
     _mark_launched(state, list(nodes.values()), name)
@@ -253,8 +254,7 @@ def stop_cluster(state: ClusterState) -> list[str]:
         steps = None
     if steps is None:
         return []  # the job has ended: SLURM has ended every process of it
-    prefix = step_prefix(state.cluster_name)
-    ours = [sid for sid, name in steps.items() if name.startswith(prefix)]
+    ours = [sid for sid, name in steps.items() if is_cluster_step(name, state.cluster_name)]
     cancel_steps(ours, wait=90, job_id=state.job_id)
     _remove_temp_dirs(state)
     return ours
@@ -285,7 +285,7 @@ def _remove_temp_dirs(state: ClusterState) -> None:
         state.job_id,
         sorted(per_node),
         ["bash", "-c", script],
-        name=f"{step_prefix(state.cluster_name)}cleanup",
+        name=step_name(state.cluster_name, "cleanup"),
     )
     subprocess.run(
         argv, env=clean_env(os.environ), capture_output=True, timeout=120, stdin=subprocess.DEVNULL

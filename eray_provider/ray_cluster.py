@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
 from .cluster_state import ClusterState
 from .distributed import StepLayout, step_layout
 from .launch import cluster_env, stop_cluster
+from .names import safe_part
 from .slurm_cli import SlurmCommandError, cluster_name, load_allocation
 from .srun import job_state
 
@@ -52,7 +54,14 @@ def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
     """Unique per srun invocation: job ids start again after a controller's cold start, so
     the step id alone could meet an earlier job's leftovers. It names the SLURM cluster
     too: job ids of two SLURM clusters sharing a HOME are unrelated."""
-    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{slurm_cluster}"
+    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{safe_part(slurm_cluster)}"
+
+
+def _leftover_job(path: Path, slurm_cluster: str) -> str | None:
+    """The job of a step cluster's state dir of exactly this SLURM cluster, else None."""
+    pattern = rf"step\d+-\d+@{re.escape(safe_part(slurm_cluster))}-(\d+)"
+    m = re.fullmatch(pattern, path.name)
+    return m.group(1) if m else None
 
 
 def _marker(state: ClusterState, name: str):
@@ -63,11 +72,13 @@ def _remove_leftovers(base: Path, slurm_cluster: str) -> None:
     """Best effort: state of this SLURM cluster's step clusters whose job has ended (their
     first task was killed before its exit handler ran; SLURM ended their processes)."""
     by_job: dict[str, list[Path]] = {}
-    for path in base.glob(f"step*@{slurm_cluster}-*"):
-        by_job.setdefault(path.name.rsplit("-", 1)[1], []).append(path)
+    for path in base.glob("step*"):
+        job = _leftover_job(path, slurm_cluster)
+        if job is not None:
+            by_job.setdefault(job, []).append(path)
     for job, paths in by_job.items():
         try:
-            ended = job.isdigit() and job_state(job) is None
+            ended = job_state(job) is None
         except SlurmCommandError as e:
             logger.warning("not removing leftovers of job %s: %s", job, e)
             continue

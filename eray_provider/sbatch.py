@@ -4,9 +4,9 @@ A node type of ``cluster_yamls/slurm-autoscale.yaml`` holds ``node_config.sbatch
 one SLURM job asks for (``nodes`` Ray nodes, each with ``cpus_per_node`` CPUs,
 ``gpus_per_node`` GPUs and ``mem``). The same request gives the ``sbatch`` command line
 and the resources the autoscaler plans with while the job is still pending, so both
-always agree. Jobs are named ``eray.<cluster>.<head job>.<node type>`` (the head's own
-job ``eray.<cluster>.head``): the cluster's jobs can be found again with ``squeue``
-when the state file is lost, and nothing else is ever touched.
+always agree. Jobs are named by ``names`` (``eray.<cluster>.<head job>.<node type>``, the
+head's own job ``eray.<cluster>.head``): the cluster's jobs can be found again with
+``squeue`` when the state file is lost, and nothing else is ever touched.
 """
 
 from __future__ import annotations
@@ -185,26 +185,7 @@ class SbatchRequest:
         return share_resources(self.share(), object_store_fraction)
 
 
-# ---------------------------------------------------------------------- job names
-def head_job_name(cluster: str) -> str:
-    return f"eray.{cluster}.head"
-
-
-def worker_job_name(cluster: str, head_job: str, node_type: str) -> str:
-    return f"eray.{cluster}.{head_job}.{node_type}"
-
-
-def parse_worker_job_name(name: str, cluster: str) -> tuple[str, str] | None:
-    """(head job, node type) of one of ``cluster``'s worker jobs, else None."""
-    prefix = f"eray.{cluster}."
-    if not name.startswith(prefix):
-        return None
-    head_job, _, node_type = name[len(prefix) :].partition(".")
-    if not head_job.isdigit() or not node_type:
-        return None
-    return head_job, node_type
-
-
+# ---------------------------------------------------------------------- node ids
 def elastic_node_id(job_id: str, index: int) -> str:
     """The Ray node id of the ``index``-th node of worker job ``job_id``."""
     return f"j{job_id}-{index}"

@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .names import is_cluster_job
 from .sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
 from .slurm_cli import DEFAULT_TIMEOUT, SlurmCommandError, run_slurm
 
@@ -85,10 +86,10 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
         raise SlurmCommandError(f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}")
 
 
-def list_jobs(prefix: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
-    """The user's jobs whose name starts with ``prefix`` (one squeue call)."""
+def list_jobs(cluster: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
+    """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
     out = run_slurm(["squeue", "-h", "-u", _user(), "-o", SQUEUE_FORMAT], timeout)
-    return {k: v for k, v in parse_squeue(out).items() if v.name.startswith(prefix)}
+    return {k: v for k, v in parse_squeue(out).items() if is_cluster_job(v.name, cluster)}
 
 
 def cancel_jobs(job_ids: Sequence[str]) -> None:

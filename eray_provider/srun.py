@@ -3,7 +3,7 @@
 Every command reaches a node as a step of the user's job: ``srun --jobid=J --overlap
 -N1 -n1 -w NODE``. A Ray node lives in a long-lived step of its own (``ray start
 --block``), because under proctrack/cgroup a step's leftover processes die with the
-step's main process. Steps are named ``eray.<cluster>.<what>`` so that teardown can
+step's main process. Steps are named by ``names.step_name`` so that teardown can
 cancel exactly this cluster's steps and nothing else.
 """
 
@@ -28,10 +28,6 @@ def clean_env(env: Mapping[str, str], extra: Mapping[str, str] | None = None) ->
     out = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k in _KEEP}
     out.update(extra or {})
     return out
-
-
-def step_prefix(cluster_name: str) -> str:
-    return f"eray.{cluster_name}."
 
 
 def srun_argv(
