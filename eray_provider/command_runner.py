@@ -3,8 +3,9 @@
 Every command becomes a step ``srun --jobid=J --overlap -N1 -n1 -w NODE bash -c ...``
 with the cluster's variables (HOME, token, RAY_ADDRESS) exported first. Three commands
 are not run on the node: the head's start command (the head must live in a step of its
-own, held from the launcher host), ``ray stop`` (a bare one would kill every Ray of the
-user on the node: this cluster's steps are cancelled instead), and port forwarding,
+own, held from the launcher host), a statement that is exactly ``ray stop [flags]`` (a
+bare one would kill every Ray of the user on the node: this cluster's steps are
+cancelled instead; see ``split_ray_stop``), and port forwarding,
 which srun cannot do and is refused with what to do instead.
 """
 
@@ -27,7 +28,66 @@ from .cluster_state import ClusterState
 from .launch import node_client_env
 from .srun import bash_command, clean_env, srun_argv
 
-_RAY_STOP = re.compile(r"(^|[;&|]\s*|\s)ray\s+stop(\s|$)")
+#: Shell operators that start a new command: a word after one is in command position.
+_OPERATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "\n"})
+_STOP_FLAG = re.compile(r"-[-A-Za-z0-9=_]*|\d+")
+
+
+def _statements(cmd: str) -> list[tuple[int, str]]:
+    """Top-level statements of a shell line, split at ``;`` and newlines outside quotes:
+    (offset, text) each."""
+    out, start, quote, i = [], 0, "", 0
+    while i < len(cmd):
+        c = cmd[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in ";\n":
+            out.append((start, cmd[start:i]))
+            start = i + 1
+        i += 1
+    out.append((start, cmd[start:]))
+    return out
+
+
+def _words(text: str) -> list[str] | None:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return None  # unbalanced quotes: the node's shell will say so
+
+
+def split_ray_stop(cmd: str) -> tuple[str, bool]:
+    """What of ``cmd`` to run on the node, and whether it asks to stop Ray.
+
+    Only a statement that is exactly ``ray stop [flags]`` stops the cluster (its steps are
+    cancelled: a bare ``ray stop`` on the node would kill every Ray of the user there,
+    other jobs' clusters included). The statements before it still run; those after it
+    are dropped (``ray exec --stop`` appends ``ray teardown ...; sudo shutdown -h now``,
+    meaningless on a SLURM node). ``echo ray stop`` or ``grep "ray stop" log`` are plain
+    commands. A ``ray stop`` in command position inside a compound statement (``x &&
+    ray stop``) is refused with ``ValueError`` rather than run bare on a shared node.
+    """
+    for offset, text in _statements(cmd):
+        words = _words(text) or []
+        if words[:2] == ["ray", "stop"] and all(_STOP_FLAG.fullmatch(w) for w in words[2:]):
+            before = cmd[:offset].rstrip().rstrip(";")
+            heads = [(_words(t) or [""])[0] for _, t in _statements(before) if t.strip()]
+            return (before if any(h != "export" for h in heads) else ""), True
+        for prev, word, nxt in zip([";", *words], words, [*words[1:], ""]):
+            if prev in _OPERATORS and word == "ray" and nxt == "stop":
+                raise ValueError(
+                    f"refusing to run {cmd!r}: a `ray stop` inside a compound command would stop "
+                    "every Ray of yours on the node, other clusters included; run `ray stop` "
+                    "alone (this cluster's steps are cancelled) or `ray down`"
+                )
+    return cmd, False
 
 
 def _exports(cmd: str) -> list[tuple[str, str]]:
@@ -118,9 +178,16 @@ class SrunCommandRunner(CommandRunnerInterface):
             )
             self._launch_head(self.node_id, env)
             return b"" if with_output else ""
-        if _RAY_STOP.search(cmd):
+        try:
+            cmd, stop = split_ray_stop(cmd)
+        except ValueError as e:
+            cli_logger.abort(str(e))
+        if stop:
+            out = ""
+            if cmd:
+                out = self.run(cmd, timeout, exit_on_fail, None, with_output, environment_variables)
             self._stop_cluster()
-            return b"" if with_output else ""
+            return out or (b"" if with_output else "")
         interactive = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
         argv = self._argv(self._shell(cmd, environment_variables), pty=interactive)
         if with_output:

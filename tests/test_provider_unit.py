@@ -10,7 +10,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from eray_provider.allocation import Allocation, NodeShare
 from eray_provider.cluster_config import LAUNCH_HEAD, ClusterConfigError, fill_config, gone_config
-from eray_provider.command_runner import _exports, _remote_path
+from eray_provider.command_runner import _exports, _remote_path, split_ray_stop
 from eray_provider.node_spec import HEAD_TYPE, StartSpec, memory_split, worker_types
 from eray_provider.ports import choose_plan
 from eray_provider.srun import clean_env, srun_argv
@@ -152,3 +152,30 @@ def test_runner_helpers() -> None:
     assert _remote_path("~/ray_bootstrap_config.yaml") == '"$HOME"/ray_bootstrap_config.yaml'
     assert _remote_path("~") == '"$HOME"'
     assert _remote_path("/a b") == "'/a b'"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "expected"),
+    [
+        ("ray stop", ("", True)),
+        ("ray stop --force -v", ("", True)),
+        ("ray stop --grace-period 10", ("", True)),
+        ("export RAY_enable_autoscaler_v2=1; export RAY_CLOUD_INSTANCE_ID=x; ray stop", ("", True)),
+        # ray exec --stop: the command runs, then the cluster stops; teardown/shutdown dropped
+        ("python t.py; ray stop; ray teardown ~/ray_bootstrap_config.yaml --yes --workers-only; "
+         "sudo shutdown -h now", ("python t.py", True)),
+        ("echo ray stop", ("echo ray stop", False)),
+        ('grep -c "ray stop" log', ('grep -c "ray stop" log', False)),
+        ("echo 'a; ray stop'", ("echo 'a; ray stop'", False)),
+        ("ray stopped", ("ray stopped", False)),
+        ("ray status", ("ray status", False)),
+    ],
+)  # fmt: skip
+def test_only_an_exact_ray_stop_statement_stops_the_cluster(cmd: str, expected) -> None:
+    assert split_ray_stop(cmd) == expected
+
+
+@pytest.mark.parametrize("cmd", ["true && ray stop", "ray stop | tee log", "(ray stop)", "x || ray stop -f"])
+def test_a_ray_stop_inside_a_compound_command_is_refused_not_run_bare(cmd: str) -> None:
+    with pytest.raises(ValueError, match="ray stop"):
+        split_ray_stop(cmd)
