@@ -39,6 +39,7 @@ from ray.autoscaler.tags import (
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
 from .cluster_state import ClusterState
+from .config_cache import cache_path
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
 from .launch import node_env
@@ -94,6 +95,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if provider.get(FILLED):
             return cluster_config
         check_cluster_name(cluster_config.get("cluster_name"))
+        cache = cache_path(cluster_config)  # Ray's key: the config as Ray hashed it
         env_job = job_id_from_env(os.environ)
         mode = head_mode(provider, env_job is not None)
         job = provider.get("job_id") or (env_job if mode == "allocation" else None)
@@ -110,10 +112,13 @@ class SlurmJobProvider(SlurmNodeProvider):
                     raise JobGoneError(f"job {head_alloc.job_id} is {head_alloc.state}")
             except JobGoneError as e:
                 logger.warning("%s: the cluster on it is gone", e)
-                return gone_config(cluster_config, str(job), str(e))
+                gone = gone_config(cluster_config, str(job), str(e))
+                gone["provider"]["_eray_cache_path"] = cache
+                return gone
         filled = fill_elastic_config(cluster_config, head_alloc)
-        filled["provider"]["job_id_from_config"] = bool(provider.get("job_id"))
-        filled["provider"]["head_job_owned"] = head_owned
+        filled["provider"].update(
+            job_id_from_config=bool(provider.get("job_id")), head_job_owned=head_owned, _eray_cache_path=cache
+        )
         # checked before a new cluster starts; `ray down`, `ray exec`... of a running one
         # must not depend on what SLURM would accept today
         exists = (
@@ -354,7 +359,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         CLI filled its config)."""
         if self.job_id != NO_JOB and not cluster_config["provider"].get("job_id"):
             cluster_config["provider"].update(_head_fields(self.job_id, self.provider_config["allocation"]))
-        return cluster_config
+        return super().prepare_for_head_node(cluster_config)
 
     def _submit_workers(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
         node_type = tags[TAG_RAY_USER_NODE_TYPE]

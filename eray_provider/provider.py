@@ -34,6 +34,7 @@ from .allocation import Allocation, AllocationError, JobGoneError
 from .cluster_config import FILLED, fill_config, gone_config
 from .cluster_state import ClusterState
 from .command_runner import SrunCommandRunner
+from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
 from .launch import (
     LaunchError,
     ensure_port_plan,
@@ -86,11 +87,16 @@ class SlurmNodeProvider(NodeProvider):
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
         """Ray caches bootstrapped configs in /tmp keyed by the YAML's content, so a cache
         written in one job would silently be reused in the next. The cache is removed when
-        this process exits, and a cache from another job (a crash, an older version) is
-        refused and removed."""
+        this process exits, a cache that is not provably ours (``config_cache``) is
+        refused, and a cache from another job (a crash, an older version) is refused and
+        removed."""
         cache = provider_config.get("_config_cache_path")
         if not cache:
             return
+        try:
+            refuse_unsafe(cache)  # before anything of the cached config is used
+        except UnsafeConfigCacheError as e:
+            cli_logger.abort(str(e))
         if cache not in _CACHES_TO_REMOVE:
             _CACHES_TO_REMOVE.add(cache)
             atexit.register(_unlink_quietly, cache)
@@ -113,6 +119,7 @@ class SlurmNodeProvider(NodeProvider):
         provider = cluster_config["provider"]
         if provider.get(FILLED):
             return cluster_config
+        cache = cache_path(cluster_config)  # Ray's key: the config as Ray hashed it
         job = provider.get("job_id")
         try:
             alloc = load_allocation(str(job) if job is not None else None)
@@ -122,14 +129,30 @@ class SlurmNodeProvider(NodeProvider):
             logger.warning("%s: the cluster on it is gone", e)
             job_id = str(job) if job is not None else job_id_from_env(os.environ)
             filled = gone_config(cluster_config, str(job_id), str(e))
-            filled["provider"]["job_id_from_config"] = job is not None
-            return filled
-        filled = fill_config(cluster_config, alloc)
-        filled["provider"]["job_id_from_config"] = job is not None
+        else:
+            filled = fill_config(cluster_config, alloc)
+        filled["provider"].update(job_id_from_config=job is not None, _eray_cache_path=cache)
         return filled
 
     @staticmethod
     def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """The last step before Ray writes its config cache: create that file ourselves,
+        private, so Ray's write never follows a planted link or lands in another user's
+        file (see ``config_cache``)."""
+        path = cluster_config["provider"].get("_eray_cache_path")
+        if path:
+            cluster_config["provider"]["_config_cache_path"] = path
+            try:
+                write_private(path, cluster_config)
+            except UnsafeConfigCacheError as e:
+                cli_logger.abort(str(e))
+        return cluster_config
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """The head's copy of the config does not name the launcher's config cache: that
+        path means nothing on the head node (whose /tmp another user could fill)."""
+        for key in ("_config_cache_path", "_eray_cache_path"):
+            cluster_config["provider"].pop(key, None)
         return cluster_config
 
     # ------------------------------------------------------------------ node records
