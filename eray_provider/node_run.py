@@ -28,6 +28,7 @@ from .cluster_state import ClusterState
 from .node_spec import StartSpec
 from .port_probe import busy_ports
 from .ports import PortPlan, candidates, choose_plan
+from .process_identity import identity
 from .sbatch import elastic_node_id
 from .slurm_cli import host_exclusions, load_allocation
 
@@ -163,7 +164,7 @@ def main() -> int:
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
         state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
-        state.write_marker(node_id, "pid", str(os.getpid()))
+        state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
         head_address = None
         if role == "worker":

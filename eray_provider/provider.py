@@ -42,6 +42,7 @@ from .launch import (
     launch_workers,
     stop_cluster,
 )
+from .process_identity import signal_command
 from .slurm_cli import SlurmCommandError, load_allocation
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, clean_env, job_state, list_steps, srun_argv
@@ -342,20 +343,23 @@ class SlurmNodeProvider(NodeProvider):
             self.stop_all()
 
     def _signal_node(self, node_id: str, job_id: str | None = None) -> None:
-        """Stop one node of a multi-node step: SIGTERM to its node_run by recorded PID."""
-        pid = self.state.read_marker(node_id, "pid")
+        """Stop one node of a multi-node step: SIGTERM to its node_run, by the PID it
+        recorded, and only while that PID is still that process (``process_identity``)."""
+        command = signal_command(self.state.read_marker(node_id, "pid") or "")
         # node_run records "<slurm node> <temp dir>" on the node it runs on
         slurm_node = (self.state.read_marker(node_id, "tmpdir") or "").partition(" ")[0]
-        if not pid or not pid.isdigit() or not slurm_node:
+        if command is None or not slurm_node:
             return
-        argv = srun_argv(job_id or self.job_id, [slurm_node], ["kill", "-TERM", pid])
-        subprocess.run(
+        argv = srun_argv(job_id or self.job_id, [slurm_node], command)
+        proc = subprocess.run(
             argv,
             env=clean_env(os.environ),
             capture_output=True,
             timeout=60,
             stdin=subprocess.DEVNULL,
         )
+        if proc.returncode == 3:
+            logger.info("node %s: its recorded process has already ended; nothing signalled", node_id)
 
     # ------------------------------------------------------------------ runner
     def get_command_runner(
