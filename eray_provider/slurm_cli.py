@@ -20,8 +20,20 @@ from .slurm_env import allocation_from_env, job_id_from_env
 DEFAULT_TIMEOUT = 30.0
 
 
+#: Input variables of SLURM's client commands: a user's or site's ``SQUEUE_STATES`` would
+#: hide pending worker jobs from our squeue, ``SCANCEL_STATE`` skip some of our cancels,
+#: ``SBATCH_ARRAY_INX`` turn our jobs into arrays. Our calls say everything on the command
+#: line and run without them.
+INPUT_VARIABLES = ("SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SCANCEL_", "SCONTROL_")
+
+
 class SlurmCommandError(RuntimeError):
     """A SLURM command failed, timed out or is not installed."""
+
+
+def command_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the client commands' input variables (``INPUT_VARIABLES``)."""
+    return {k: v for k, v in env.items() if not k.startswith(INPUT_VARIABLES)}
 
 
 def run_slurm(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
@@ -30,7 +42,12 @@ def run_slurm(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
         raise SlurmCommandError(f"{args[0]} is not installed or not on PATH")
     try:
         proc = subprocess.run(
-            list(args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            list(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=command_env(os.environ),
         )
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e

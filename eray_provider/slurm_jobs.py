@@ -39,7 +39,10 @@ def batch_script(python: str) -> str:
 
 
 def sbatch_argv(request: SbatchRequest, name: str, log: Path, test_only: bool = False) -> list[str]:
+    # --export=ALL: the job gets exactly the environment we submit with (clean_env), whatever
+    # the site's or the user's SBATCH_EXPORT says
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--open-mode=append"]
+    argv.append("--export=ALL")
     if test_only:
         argv.append("--test-only")
     return [*argv, *request.argv()]

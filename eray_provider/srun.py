@@ -16,16 +16,19 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .slurm_cli import SlurmCommandError, run_slurm
+from .slurm_cli import SlurmCommandError, command_env, run_slurm
 
-#: SLURM variables that must not leak from the caller's step into a new srun: they
-#: describe the caller's step (node count, tasks, step node list) and would
-#: silently shape the new one.
+#: SLURM variables that must not leak from the caller's step into a new srun or sbatch:
+#: they describe the caller's step (node count, tasks, step node list) and would silently
+#: shape the new one.
 _KEEP = {"SLURM_CONF"}
 
 
 def clean_env(env: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    out = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k in _KEEP}
+    """``env`` without the variables that would change our srun and sbatch calls (the
+    caller's ``SLURM_*``, the commands' input variables: ``SBATCH_EXPORT=NONE`` would start
+    workers without our variables), plus ``extra``: only the YAML decides."""
+    out = {k: v for k, v in command_env(env).items() if not k.startswith("SLURM_") or k in _KEEP}
     out.update(extra or {})
     return out
 

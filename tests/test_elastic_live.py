@@ -73,22 +73,17 @@ def test_refused_request_fails_ray_up_with_slurms_reason(testbed, tmp_path) -> N
 
 def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, tmp_path) -> None:
     cluster = ElasticCluster(testbed, tmp_path, "elastic", idle_timeout_minutes=0.5)
-    # a job of the same user that is not the cluster's: ray down must leave it alone
-    other = testbed.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-c1",
-            "--mem=100",
-            "-o",
-            "/dev/null",
-            "-J",
-            "eray.elastic",
-            "--wrap",
-            "sleep 600",
-        ]
-    )
-    other_job = other.stdout.strip()
+    # a user's shell or site whose SLURM input variables would change our submissions and
+    # listings: workers without our variables, array jobs, pending jobs hidden from squeue
+    cluster.env.update(SBATCH_EXPORT="NONE", SBATCH_ARRAY_INX="0-1", SQUEUE_STATES="RUNNING")
+    # jobs of the same user that are not the cluster's: a near-miss name, and the head and a
+    # worker job of another cluster whose name extends this one's; ray down leaves them alone
+    others = [
+        testbed.run(
+            ["sbatch", "--parsable", "-c1", "--mem=100", "-o", "/dev/null", "-J", name, "--wrap", "sleep 600"]
+        ).stdout.strip()
+        for name in ("eray.elastic", "eray.elastic-b.head", "eray.elastic-b.1.cpu")
+    ]
     try:
         cluster.up()
         jobs = cluster.jobs()
@@ -140,10 +135,12 @@ def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, t
         cluster.down(check=False)
     try:
         assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
-        state = testbed.run(["squeue", "-h", "-j", other_job, "-o", "%T"]).stdout.strip()
-        assert state in ("RUNNING", "PENDING"), state
+        for other_job in others:
+            state = testbed.run(["squeue", "-h", "-j", other_job, "-o", "%T"]).stdout.strip()
+            assert state in ("RUNNING", "PENDING"), (other_job, state)
     finally:
-        testbed.cancel(other_job)
+        for other_job in others:
+            testbed.cancel(other_job)
     assert not any(p.name.startswith("elastic-") for p in (Path.home() / ".eray-provider").iterdir())
 
 

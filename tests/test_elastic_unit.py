@@ -177,3 +177,31 @@ def test_elastic_config_errors() -> None:
         fill_elastic_config(loose, None)["available_node_types"]["cpu"]["max_workers"] == YAML["max_workers"]
     )
     assert SbatchRequest.from_config({"cpus_per_node": 1, "extra": ["--exclusive", "--hold"]}, None, "t")
+
+
+def test_clean_env_drops_the_slurm_commands_input_variables() -> None:
+    from eray_provider.srun import clean_env
+
+    env = {
+        "SBATCH_EXPORT": "NONE",
+        "SBATCH_ARRAY_INX": "0-3",
+        "SALLOC_PARTITION": "p",
+        "SRUN_CPUS_PER_TASK": "4",
+        "SQUEUE_STATES": "RUNNING",
+        "SCANCEL_STATE": "PENDING",
+        "SLURM_NTASKS": "3",
+        "SLURM_CONF": "/etc/slurm.conf",
+        "PATH": "/bin",
+    }
+    assert clean_env(env, {"X": "1"}) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin", "X": "1"}
+    request = SbatchRequest.from_config({"cpus_per_node": 1}, None, "t")
+    assert "--export=ALL" in sbatch_argv(request, "n", Path("l"))
+
+
+def test_a_dotted_elastic_cluster_name_is_refused() -> None:
+    from eray_provider.names import ClusterNameError
+
+    config = copy.deepcopy(YAML)
+    config["cluster_name"] = "sweep.2"
+    with pytest.raises(ClusterNameError, match=r"cluster_name: 'sweep\.2'"):
+        fill_elastic_config(config, None)
