@@ -10,9 +10,15 @@ those ports (Ray reaches its local metrics agent at 127.0.0.1) follow them.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 from collections.abc import Iterable, Mapping
 
 from .ports import BLOCK, PortPlan
+
+
+class BindShimError(RuntimeError):
+    """The shim cannot be preloaded: Ray would listen on all interfaces."""
 
 
 def shim_path() -> str | None:
@@ -37,7 +43,16 @@ def port_ranges(plans: Iterable[PortPlan]) -> str:
 
 def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, str]) -> dict[str, str]:
     """Variables that preload the shim for ``ip`` and the plans' ports (after any preload
-    the environment already has). Ray then skips its own jemalloc preload."""
+    the environment already has). Ray then skips its own jemalloc preload.
+
+    ``LD_PRELOAD`` is split at spaces and colons, so a shim installed under such a path
+    (a virtualenv in ``/home/a b/``) cannot be named there: that is an error, never a
+    silent fallback to listening on all interfaces."""
+    if any(c.isspace() or c == ":" for c in shim):
+        raise BindShimError(
+            f"the bind shim's path {shim!r} holds a space or ':', which LD_PRELOAD cannot carry: "
+            "install eray-provider under a path without them, or set provider.bind_all_interfaces: true"
+        )
     preload = " ".join(p for p in (shim, env.get("LD_PRELOAD", "")) if p)
     return {
         "LD_PRELOAD": preload,
@@ -46,3 +61,24 @@ def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, st
         # the raylet passes the preload on to its workers (their gRPC servers bind too)
         "RAY_LD_PRELOAD_ON_WORKERS": "1",
     }
+
+
+def check_preloaded(shim: str, env: Mapping[str, str]) -> None:
+    """Raise ``BindShimError`` unless a program started with ``env`` has the shim loaded.
+
+    The dynamic loader only warns about a preload it cannot load (and goes on without it),
+    so node_run asks a tiny program, ``grep``, whether the shim is in its own memory map."""
+    proc = subprocess.run(
+        ["grep", "-qF", os.path.realpath(shim), "/proc/self/maps"],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0:
+        raise BindShimError(
+            f"the bind shim {shim} is not loaded with LD_PRELOAD={env.get('LD_PRELOAD', '')!r} "
+            f"({proc.stderr.strip() or 'not in the memory map'}): Ray would listen on all interfaces; "
+            "reinstall eray-provider with a C compiler, or set provider.bind_all_interfaces: true"
+        )

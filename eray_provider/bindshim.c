@@ -10,8 +10,8 @@
  * addresses and other processes are untouched.
  *
  *   ERAY_BIND_ADDRESS  the node's IPv4 address (the one Ray runs on)
- *   ERAY_BIND_PORTS    port ranges: "lo-hi[,lo-hi...]"
- * Without both, the shim does nothing.
+ *   ERAY_BIND_PORTS    port ranges: "lo-hi[,lo-hi...]" (at most 64)
+ * Without both, the shim does nothing. Both are read once, when the library is loaded.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -25,22 +25,40 @@
 
 typedef int (*sock_fn)(int, const struct sockaddr *, socklen_t);
 
-static int port_in_ranges(unsigned port) {
+/* The environment is read once, when the library is loaded (before main and before any
+ * thread): a later setenv() by the program, or a race with one, cannot change what the
+ * shim does, and bind() and connect() cost no getenv(). */
+#define MAX_RANGES 64
+static unsigned ranges[MAX_RANGES][2];
+static int n_ranges;
+static int have_node;
+static struct in_addr node_addr;
+
+__attribute__((constructor)) static void read_environment(void) {
+    const char *ip = getenv("ERAY_BIND_ADDRESS");
     const char *spec = getenv("ERAY_BIND_PORTS");
-    while (spec && *spec) {
+    have_node = ip && inet_pton(AF_INET, ip, &node_addr) == 1;
+    while (spec && *spec && n_ranges < MAX_RANGES) {
         char *end;
         unsigned long lo = strtoul(spec, &end, 10), hi = lo;
-        if (end == spec) return 0;
+        if (end == spec) break;
         if (*end == '-') hi = strtoul(end + 1, &end, 10);
-        if (lo <= port && port <= hi) return 1;
+        ranges[n_ranges][0] = (unsigned)lo;
+        ranges[n_ranges][1] = (unsigned)hi;
+        n_ranges++;
         spec = (*end == ',') ? end + 1 : NULL;
     }
+}
+
+static int port_in_ranges(unsigned port) {
+    for (int i = 0; i < n_ranges; i++)
+        if (ranges[i][0] <= port && port <= ranges[i][1]) return 1;
     return 0;
 }
 
 static int node_address(struct in_addr *out) {
-    const char *ip = getenv("ERAY_BIND_ADDRESS");
-    return ip && inet_pton(AF_INET, ip, out) == 1;
+    if (have_node) *out = node_addr;
+    return have_node;
 }
 
 static void to_mapped(struct in6_addr *a6, struct in_addr v4) {

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from .allocation import Allocation
-from .bind_shim import bind_env, shim_path
+from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
 from .node_spec import StartSpec
 from .port_probe import busy_ports
@@ -208,6 +208,7 @@ def main() -> int:
             shim = shim_path()
             if shim:
                 ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
+                check_preloaded(shim, ray_env)
             else:
                 print(
                     "eray-provider: warning: the bind shim was not built (no C compiler at install "

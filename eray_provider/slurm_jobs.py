@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ def batch_script(python: str) -> str:
     return (
         "#!/bin/bash\n"
         "exec srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet "
-        f"{python} -m eray_provider.node_run\n"
+        f"{shlex.quote(python)} -m eray_provider.node_run\n"
     )
 
 

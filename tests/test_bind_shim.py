@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
-from eray_provider.bind_shim import bind_env, port_ranges, shim_path
+import pytest
+
+from eray_provider.bind_shim import BindShimError, bind_env, check_preloaded, port_ranges, shim_path
 from eray_provider.ports import plan_for_block
 
 PLAN = plan_for_block("7", 40960)
@@ -64,3 +67,47 @@ def test_env_and_ranges() -> None:
     env = bind_env("/x/shim.so", "10.0.0.5", [PLAN], {"LD_PRELOAD": "/usr/lib/libfoo.so"})
     assert env["LD_PRELOAD"] == "/x/shim.so /usr/lib/libfoo.so"
     assert env["ERAY_BIND_ADDRESS"] == "10.0.0.5" and env["ERAY_BIND_PORTS"] == "40960-40960,40962-41215"
+
+
+def test_the_shim_reads_its_environment_once_at_load() -> None:
+    """A program that changes ERAY_BIND_* after start changes nothing (read at load)."""
+    env = dict(os.environ, **bind_env(shim_path(), "127.0.0.2", [PLAN], {}))
+    code = (
+        "import os, socket, sys\n"
+        "os.environ['ERAY_BIND_PORTS'] = ''; os.environ['ERAY_BIND_ADDRESS'] = '127.0.0.3'\n"
+        "s = socket.socket(); s.bind(('', int(sys.argv[1]))); print(s.getsockname()[0])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(PLAN.block_start + 210)], env=env, capture_output=True, text=True
+    )
+    assert proc.stdout.split() == ["127.0.0.2"], proc.stderr
+
+
+def test_a_path_ld_preload_cannot_carry_is_an_error_not_a_silent_fallback(tmp_path) -> None:
+    spaced = tmp_path / "a b" / "_bindshim.so"
+    spaced.parent.mkdir()
+    shutil.copy(shim_path(), spaced)
+    with pytest.raises(BindShimError, match="LD_PRELOAD"):
+        bind_env(str(spaced), "127.0.0.2", [PLAN], {})
+    with pytest.raises(BindShimError, match="LD_PRELOAD"):
+        bind_env("/x:y/_bindshim.so", "127.0.0.2", [PLAN], {})
+
+
+def test_a_preload_the_loader_drops_is_detected(tmp_path) -> None:
+    good = dict(os.environ, **bind_env(shim_path(), "127.0.0.2", [PLAN], {}))
+    check_preloaded(shim_path(), good)
+    broken = tmp_path / "_bindshim.so"
+    broken.write_text("not an ELF file")
+    env = dict(os.environ, **bind_env(str(broken), "127.0.0.2", [PLAN], {}))
+    with pytest.raises(BindShimError, match="not loaded"):
+        check_preloaded(str(broken), env)
+
+
+def test_batch_script_quotes_the_python_path() -> None:
+    import shlex
+
+    from eray_provider.slurm_jobs import batch_script
+
+    line = batch_script("/home/a b/venv/bin/python").splitlines()[1]
+    words = shlex.split(line)
+    assert words[words.index("--quiet") + 1] == "/home/a b/venv/bin/python"
