@@ -21,6 +21,7 @@ Node facts reach workers through variables set by the provider at ``ray start``:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -142,6 +143,11 @@ def initialize(
 
     if jax.distributed.is_initialized():
         raise JaxInitError("jax.distributed was already initialized in this process by other code")
+    options = {}
+    if "coordinator_bind_address" in inspect.signature(jax.distributed.initialize).parameters:
+        # JAX's coordination service has no authentication and binds [::] by default: bind
+        # it to the coordinator's own address (the bind shim would too, for our ports)
+        options["coordinator_bind_address"] = coordinator
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,
@@ -149,6 +155,7 @@ def initialize(
         local_device_ids=devices,
         cluster_detection_method="deactivate",
         initialization_timeout=max(int(timeout), 1),
+        **options,
     )
     _state = {"rank": process_id, "world": num_processes, "coordinator": coordinator}
 

@@ -186,6 +186,7 @@ def main() -> int:
             # the launcher's config: present under `ray up`, absent under `eray-provider run`
             autoscaling_config=str(bootstrap) if role == "head" and bootstrap.exists() else None,
             node_index=alloc.node_names.index(node_name),
+            metrics_export=bool(provider.get("metrics_export")),
         )
         n_workers = max(len(alloc.workers), 10)
         ray_env = dict(

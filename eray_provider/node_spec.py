@@ -107,6 +107,9 @@ class StartSpec:
     object_store_fraction: float = DEFAULT_OBJECT_STORE_FRACTION
     autoscaling_config: str | None = None
     node_index: int | None = None
+    #: Prometheus metrics export (``provider.metrics_export``): off by default, because the
+    #: endpoint answers anyone who can reach the node's address, without the token
+    metrics_export: bool = False
 
     def argv(self) -> list[str]:
         heap, store = memory_split(self.share, self.object_store_fraction)
@@ -140,7 +143,11 @@ class StartSpec:
         return args
 
     def env(self) -> dict[str, str]:
-        return dict(self.plan.ray_env())
+        env = dict(self.plan.ray_env())
+        if not self.metrics_export:
+            # the dashboard agent then never opens the metrics export port
+            env["RAY_enable_metrics_collection"] = "0"
+        return env
 
     def shell(self) -> str:
         return " ".join(shlex.quote(a) for a in self.argv())

@@ -88,3 +88,25 @@ class Testbed:
                 results[current].append(line)
         assert current == len(commands) - 1, f"scontrol stopped early: {proc.stdout[-2000:]}"
         return results
+
+
+#: A second Unix user for the hostile co-tenant tests (created on demand; the test bed's
+#: nodes share the host's users).
+OTHER_USER = "eray-mallory"
+
+
+def other_user() -> str:
+    """The second user's name, created (no home, no login shell) when missing."""
+    import pwd
+
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        proc = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            require(f"cannot create the second user {OTHER_USER}: {proc.stderr.strip()}")
+    return OTHER_USER

@@ -1,0 +1,218 @@
+"""A hostile co-tenant on the real test bed: another Unix user plants, connects and reads.
+
+One allocation, two clusters whose names extend each other (``pfx`` and ``pfx-b``):
+
+- a config cache planted by another user for the stock YAML is refused, and nothing of
+  it runs;
+- a cluster name that breaks the step-name grammar (``pfx.b``) is refused, naming
+  ``cluster_name``;
+- ``ray exec 'echo ray stop'`` leaves the cluster running;
+- the listener census: every listening socket on every node belongs to one of the two
+  clusters' port plans or to SLURM; each of the cluster's listeners is probed by the other
+  user from another node without the token: the authenticated ones refuse, and every one
+  that answers is named in the README's security section as unauthenticated;
+- the token file is unreadable to that user;
+- ``ray down`` of ``pfx`` leaves every step of ``pfx-b`` running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.autoscaler._private.util import prepare_config
+from ray_cluster_support import Cluster
+from testbed_support import REPO, Testbed, other_user
+
+from eray_provider.config_cache import cache_path
+from eray_provider.provider import SlurmNodeProvider
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+STOCK = REPO / "cluster_yamls" / "slurm-cluster.yaml"
+NODES = ("node1", "node2", "node3")
+#: How each of a cluster's listeners is asked for something without the token.
+PROBES = {
+    "gcs": ("grpc", "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"),
+    "node_manager": ("grpc", "/ray.rpc.NodeManagerService/GetNodeStats"),
+    "object_manager": ("grpc", "/ray.rpc.ObjectManagerService/Pull"),
+    "dashboard_agent_grpc": ("grpc", "/ray.rpc.ReporterService/HealthCheck"),
+    "client_server": ("grpc", "/ray.rpc.RayletDriver/ClusterInfo"),
+    "worker": ("grpc", "/ray.rpc.CoreWorkerService/NumPendingTasks"),
+    "dashboard": ("http", "/api/nodes"),
+    "dashboard_agent_listen": ("http", "/api/v0/tasks"),
+    "runtime_env_agent": ("http", "/get_or_create_runtime_env"),
+    "metrics_export": ("http", "/metrics"),
+    "autoscaler_metrics": ("http", "/metrics"),
+    "dashboard_metrics": ("http", "/metrics"),
+}
+
+
+def listeners(testbed: Testbed, node: str) -> list[tuple[str, int, str]]:
+    """(address, port, process) of every listening TCP socket in the node's namespace."""
+    rows = []
+    for line in testbed.on_node(node, "ss -ltnpH").stdout.splitlines():
+        parts = line.split()
+        addr, _, port = parts[3].rpartition(":")
+        proc = parts[5].split('"')[1] if len(parts) > 5 and '"' in parts[5] else "?"
+        rows.append((addr.strip("[]"), int(port), proc))
+    return rows
+
+
+def port_names(plan: dict) -> dict[int, str]:
+    """Port -> its name in a recorded port plan (named ports, JAX ports, worker range)."""
+    names = {plan[k]: k for k in PROBES if k in plan}
+    names.update({p: "jax" for p in range(plan["jax_first"], plan["jax_first"] + plan["jax_count"])})
+    names.update({p: "worker" for p in range(plan["min_worker"], plan["max_worker"] + 1)})
+    return names
+
+
+def readme_unauthenticated() -> set[str]:
+    """Listener names the README's security section lists as answering without the token."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Security") :]
+    section = section[: section.index("\n## ", 4)]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {re.match(r"\| `([a-z_]+)`", r).group(1) for r in rows if r.rstrip(" |").endswith("no")}
+
+
+def as_other_user(testbed: Testbed, node: str, user: str, command: str, check: bool = True):
+    return testbed.on_node(node, f"runuser -u {user} -- {command}", check=check, timeout=120)
+
+
+def plant_cache(testbed: Testbed, job: str, login_tmp: Path, user: str, marker: Path) -> Path:
+    """What another user can write: a complete, valid bootstrapped config for the stock
+    YAML, at the name Ray will read, whose python and setup commands are the attacker's."""
+    prepared = prepare_config(yaml.safe_load(STOCK.read_text()))
+    config = json.loads(json.dumps(prepared))
+    config["provider"]["job_id"] = job
+    filled = SlurmNodeProvider.fillout_available_node_types_resources(config)
+    evil = login_tmp / "evil.sh"
+    evil.write_text(f'#!/bin/sh\ntouch {marker}\nexec python3 "$@"\n')
+    evil.chmod(0o755)
+    filled["provider"].update(python=str(evil), job_id_from_config=True)
+    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
+        filled[key] = [f"touch {marker}"]
+    filled["provider"]["worker_setup_commands"] = [f"touch {marker}"]
+    doc = json.dumps({"_version": 1, "provider_log_info": None, "config": filled})
+    path = login_tmp / Path(cache_path(prepared)).name
+    write = f"import sys; open({str(path)!r}, 'w').write(sys.stdin.read())"
+    subprocess.run(
+        ["runuser", "-u", user, "--", sys.executable, "-c", write], input=doc, text=True, check=True
+    )
+    return path
+
+
+def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
+    user = other_user()
+    job = testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-sec")
+    # the login node's world-writable /tmp, where Ray's CLI keeps its config cache
+    login_tmp = Path(tempfile.mkdtemp(prefix="eray-login-tmp-", dir="/tmp"))
+    login_tmp.chmod(0o1777)
+    marker = REPO / ".test-output" / f"pwned-{uuid.uuid4().hex}"
+    marker.parent.mkdir(exist_ok=True)
+    a = Cluster(testbed, job, tmp_path, "pfx")
+    b = Cluster(testbed, job, tmp_path, "pfx-b")
+    try:
+        # 1. a config cache planted by another user (0644, theirs) is refused, not run
+        planted = plant_cache(testbed, job, login_tmp, user, marker)
+        st = planted.stat()
+        assert st.st_uid != os.getuid() and st.st_mode & 0o777 == 0o644
+        env = dict(a.env, TMPDIR=str(login_tmp))
+        proc = a.ray("up", "-y", str(STOCK), env=env, check=False, timeout=180)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and str(planted) in out and "refusing" in out, out[-3000:]
+        assert not marker.exists(), "the planted config ran"
+        assert not planted.exists()  # removed (we are root here)
+        assert not (Path.home() / ".eray-provider" / f"slurm-demo-{job}").exists()
+
+        # 2. a name that would extend another cluster's step names is refused
+        dotted = Cluster(testbed, job, tmp_path, "pfx.b")
+        proc = dotted.ray("up", "-y", str(dotted.config), check=False, timeout=180)
+        assert proc.returncode != 0 and "cluster_name: 'pfx.b'" in proc.stdout + proc.stderr
+
+        a.up(env=dict(a.env, TMPDIR=str(login_tmp)))
+        b.up()
+        a.wait_nodes(3)
+        b.wait_nodes(3)
+        # what Ray's CLI cached for us is private, and is gone when the command ends
+        assert not list(login_tmp.glob("ray-config-*"))
+
+        # 3. `ray stop` as words inside another command does not stop the cluster
+        assert "ray stop" in a.exec("echo ray stop").stdout
+        assert len(a.wait_nodes(3, timeout=30)) == 3
+
+        # 4. the listener census, and the other user's probes from another node
+        plans = {c.name: json.loads((c.state_dir / "ports.json").read_text()) for c in (a, b)}
+        names = {c: port_names(p) for c, p in plans.items()}
+        head_ip = a.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1].split(":")[0]
+        found: dict[str, list[tuple[str, str, int]]] = {}
+        stray = []
+        for node in NODES:
+            for addr, port, proc_name in listeners(testbed, node):
+                owner = next((c for c in names if port in names[c]), None)
+                if owner == "pfx":
+                    found.setdefault(names["pfx"][port], []).append((node, addr, port))
+                elif owner is None and proc_name not in ("slurmd", "slurmstepd"):
+                    stray.append((node, addr, port, proc_name))
+        assert stray == [], f"listeners that belong to no cluster and not to SLURM: {stray}"
+        wildcard = [(k, row) for k, rows in found.items() for row in rows if row[1] in ("*", "0.0.0.0", "::")]
+        assert wildcard == [], wildcard
+        assert "metrics_export" not in found  # off unless provider.metrics_export: true
+        for required in ("gcs", "dashboard", "node_manager", "object_manager", "worker"):
+            assert required in found, (required, sorted(found))
+        targets = []
+        for name, rows in found.items():
+            for node, addr, port in rows:
+                host = addr if addr not in ("127.0.0.1", "::1") else None
+                if host and name in PROBES:
+                    targets.append([f"{name}@{node}:{port}", host, port, *PROBES[name]])
+        python = shlex.quote(sys.executable)
+        probe = as_other_user(
+            testbed,
+            "node2",
+            user,
+            f"{python} {REPO}/tests/drivers/auth_probe.py {shlex.quote(json.dumps(targets))}",
+        )
+        results = json.loads(probe.stdout.strip().splitlines()[-1])
+        answered = {key.split("@")[0] for key, r in results.items() if r == "open"}
+        unexpected = {k: r for k, r in results.items() if r not in ("refused", "open")}
+        assert unexpected == {}, unexpected
+        assert answered <= readme_unauthenticated(), (answered, readme_unauthenticated())
+        for name in ("gcs", "node_manager", "object_manager", "dashboard", "worker", "runtime_env_agent"):
+            assert all(r == "refused" for k, r in results.items() if k.startswith(f"{name}@")), results
+        assert any(k.startswith("dashboard@") for k in results) and head_ip
+
+        # 5. the token is unreadable to the other user, on any node
+        token = a.state_dir / "auth_token"
+        for node in ("node1", "node3"):
+            read = as_other_user(testbed, node, user, f"cat {shlex.quote(str(token))}", check=False)
+            assert read.returncode != 0 and token.read_text() not in read.stdout
+
+        # 6. ray down of `pfx` leaves every step of `pfx-b` running
+        def steps() -> dict[str, str]:
+            out = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"]).stdout
+            return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+        before = {sid: n for sid, n in steps().items() if n.startswith("eray.pfx-b.")}
+        assert len(before) >= 2, steps()  # head and workers of pfx-b
+        a.down()
+        after = steps()
+        assert not [n for n in after.values() if n.startswith("eray.pfx.")], after
+        assert before.items() <= after.items()
+        assert len(b.wait_nodes(3, timeout=30)) == 3
+    finally:
+        for cluster in (a, b):
+            cluster.down(check=False)
+        testbed.cancel(job)
+        marker.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", str(login_tmp)], check=False)
