@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -117,7 +118,9 @@ def test_start_line_pins_every_port_and_never_binds_all_interfaces() -> None:
         "slurm_job:77": 1.0,
         "slurm_node:g1": 1.0,
     }
-    assert spec.env() == plan.ray_env()
+    # metrics export off by default: its endpoint answers without the token
+    assert spec.env() == {**plan.ray_env(), "RAY_enable_metrics_collection": "0"}
+    assert dataclasses.replace(spec, metrics_export=True).env() == plan.ray_env()
     worker = StartSpec(ALLOC.nodes[2], "77", "worker", "10.0.0.6", plan, "/t", head_address="10.0.0.5:1")
     assert "--address=10.0.0.5:1" in worker.argv() and "--head" not in worker.argv()
     with pytest.raises(ValueError, match="head's address"):
