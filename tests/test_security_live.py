@@ -102,7 +102,7 @@ def as_other_user(testbed: Testbed, node: str, user: str, command: str, check: b
     return testbed.on_node(node, f"runuser -u {user} -- {command}", check=check, timeout=120)
 
 
-def plant_cache(testbed: Testbed, job: str, login_tmp: Path, user: str, marker: Path) -> Path:
+def plant_cache(job: str, login_tmp: Path, user: str, marker: Path) -> Path:
     """What another user can write: a complete, valid bootstrapped config for the stock
     YAML, at the name Ray will read, whose python and setup commands are the attacker's."""
     prepared = prepare_config(yaml.safe_load(STOCK.read_text()))
@@ -137,7 +137,7 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
     b = Cluster(testbed, job, tmp_path, "pfx-b")
     try:
         # 1. a config cache planted by another user (0644, theirs) is refused, not run
-        planted = plant_cache(testbed, job, login_tmp, user, marker)
+        planted = plant_cache(job, login_tmp, user, marker)
         st = planted.stat()
         assert st.st_uid != os.getuid() and st.st_mode & 0o777 == 0o644
         env = dict(a.env, TMPDIR=str(login_tmp))
