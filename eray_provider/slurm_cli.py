@@ -7,17 +7,33 @@ gives an error instead of a hang.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 
 from .allocation import Allocation, AllocationError, JobGoneError
 from .scontrol import parse_config, parse_job, parse_port_range
 from .slurm_env import allocation_from_env, job_id_from_env
 
-#: Seconds to wait for a SLURM client command; slurmctld answers in milliseconds when healthy.
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait for one SLURM client command; slurmctld answers in milliseconds when
+#: healthy. A site with a slow controller raises it with ``ERAY_SLURM_TIMEOUT``.
 DEFAULT_TIMEOUT = 30.0
+#: Tries of a read (or an idempotent scancel) before a failure is raised; a controller
+#: under load times out now and then (``Socket timed out on send/recv operation``).
+#: ``ERAY_SLURM_ATTEMPTS`` changes it.
+DEFAULT_ATTEMPTS = 3
+#: Seconds between tries: 1, 2, 4... (doubling).
+RETRY_DELAY = 1.0
+
+#: SLURM's own answers about a job or step: a verdict, returned at once and never retried.
+#: Every other failure (a timeout, a refused connection, an overloaded controller) says
+#: nothing about the job.
+ANSWERS = ("Invalid job id", "already completing or completed")
 
 
 #: Input variables of SLURM's client commands: a user's or site's ``SQUEUE_STATES`` would
@@ -28,7 +44,39 @@ INPUT_VARIABLES = ("SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SCANCEL_", "SCONTR
 
 
 class SlurmCommandError(RuntimeError):
-    """A SLURM command failed, timed out or is not installed."""
+    """A SLURM command failed, timed out or is not installed: not a verdict about the job."""
+
+
+class SlurmAnswerError(SlurmCommandError):
+    """SLURM answered that the job or step does not exist (any more) or has ended
+    (one of ``ANSWERS``): the caller may act on it."""
+
+    @property
+    def invalid_job(self) -> bool:
+        return "Invalid job id" in str(self)
+
+
+def _env_number(name: str, default: float, kind: type = float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise SlurmCommandError(f"{name}={value!r} is not a positive {kind.__name__}")
+    return number
+
+
+def slurm_timeout() -> float:
+    """Seconds one SLURM command may take (``ERAY_SLURM_TIMEOUT``, default 30)."""
+    return _env_number("ERAY_SLURM_TIMEOUT", DEFAULT_TIMEOUT)
+
+
+def slurm_attempts() -> int:
+    """Tries of a SLURM read before its failure is raised (``ERAY_SLURM_ATTEMPTS``, default 3)."""
+    return int(_env_number("ERAY_SLURM_ATTEMPTS", DEFAULT_ATTEMPTS, int))
 
 
 def command_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -36,10 +84,7 @@ def command_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(INPUT_VARIABLES)}
 
 
-def run_slurm(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
-    """Run a SLURM client command and return its stdout; raise with its stderr on failure."""
-    if shutil.which(args[0]) is None:
-        raise SlurmCommandError(f"{args[0]} is not installed or not on PATH")
+def _run_once(args: Sequence[str], timeout: float) -> str:
     try:
         proc = subprocess.run(
             list(args),
@@ -53,16 +98,46 @@ def run_slurm(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
         raise SlurmCommandError(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip()
-        raise SlurmCommandError(f"{' '.join(args)} failed (exit {proc.returncode}): {detail}")
+        message = f"{' '.join(args)} failed (exit {proc.returncode}): {detail}"
+        if any(answer in detail for answer in ANSWERS):
+            raise SlurmAnswerError(message)
+        raise SlurmCommandError(message)
     return proc.stdout
 
 
-def scontrol_job(job_id: str, timeout: float = DEFAULT_TIMEOUT) -> Allocation:
+def run_slurm(args: Sequence[str], timeout: float | None = None, attempts: int | None = None) -> str:
+    """Run a SLURM client command and return its stdout.
+
+    Only for commands that may run twice (reads, scancel): a failure that is not one of
+    SLURM's ``ANSWERS`` is retried ``attempts`` times (``slurm_attempts()``), each try
+    bounded by ``timeout`` (``slurm_timeout()``), then raised as ``SlurmCommandError``
+    with SLURM's words. An answer is raised at once as ``SlurmAnswerError``.
+    """
+    if shutil.which(args[0]) is None:
+        raise SlurmCommandError(f"{args[0]} is not installed or not on PATH")
+    timeout = slurm_timeout() if timeout is None else timeout
+    attempts = slurm_attempts() if attempts is None else attempts
+    delay = RETRY_DELAY
+    for attempt in range(1, attempts + 1):
+        try:
+            return _run_once(args, timeout)
+        except SlurmAnswerError:
+            raise
+        except SlurmCommandError as e:
+            if attempt == attempts:
+                raise SlurmCommandError(f"{e} (tried {attempts} times)") from e
+            logger.warning("%s; trying again in %.0f s", e, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def scontrol_job(job_id: str, timeout: float | None = None) -> Allocation:
     """The job as scontrol sees it; ``JobGoneError`` when the controller no longer knows it."""
     try:
         text = run_slurm(["scontrol", "show", "job", "-d", str(job_id)], timeout)
-    except SlurmCommandError as e:
-        if "Invalid job id" in str(e):
+    except SlurmAnswerError as e:
+        if e.invalid_job:
             raise JobGoneError(f"job {job_id} does not exist (any more): {e}") from e
         raise
     return parse_job(text)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .names import is_cluster_job
 from .sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
-from .slurm_cli import DEFAULT_TIMEOUT, SlurmCommandError, run_slurm
+from .slurm_cli import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
 
 
 def _user() -> str:
@@ -80,7 +80,7 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
             input="#!/bin/bash\ntrue\n",
             capture_output=True,
             text=True,
-            timeout=DEFAULT_TIMEOUT,
+            timeout=slurm_timeout(),
             env=dict(env),
         )
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -90,18 +90,18 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
         raise SlurmCommandError(f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}")
 
 
-def list_jobs(cluster: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
+def list_jobs(cluster: str) -> dict[str, JobInfo]:
     """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
-    out = run_slurm(["squeue", "-h", "-u", _user(), "-o", SQUEUE_FORMAT], timeout)
+    out = run_slurm(["squeue", "-h", "-u", _user(), "-o", SQUEUE_FORMAT])
     return {k: v for k, v in parse_squeue(out).items() if is_cluster_job(v.name, cluster)}
 
 
 def cancel_jobs(job_ids: Sequence[str]) -> None:
-    """One scancel for the given jobs; jobs that already ended are not an error."""
+    """One scancel for the given jobs; jobs that already ended are not an error, a
+    controller that does not answer is (``SlurmCommandError``, after the retries)."""
     if not job_ids:
         return
     try:
-        run_slurm(["scancel", *job_ids], timeout=DEFAULT_TIMEOUT)
-    except SlurmCommandError as e:
-        if "Invalid job id" not in str(e) and "already completing" not in str(e):
-            raise
+        run_slurm(["scancel", *job_ids])
+    except SlurmAnswerError:
+        pass

@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .slurm_cli import SlurmCommandError, command_env, run_slurm
+from .hostlist import compress
+from .slurm_cli import SlurmAnswerError, SlurmCommandError, command_env, run_slurm
 
 #: SLURM variables that must not leak from the caller's step into a new srun or sbatch:
 #: they describe the caller's step (node count, tasks, step node list) and would silently
@@ -40,8 +41,11 @@ def srun_argv(
     name: str | None = None,
     pty: bool = False,
     input_all: bool = False,
+    immediate: float | None = None,
 ) -> list[str]:
-    """One step with one task on each of ``nodes``."""
+    """One step with one task on each of ``nodes``; ``immediate``: seconds srun may wait
+    for the step to be created (``--immediate``) before it gives up, as ssh's
+    ``ConnectTimeout`` bounds the connection and not the command."""
     argv = [
         "srun",
         f"--jobid={job_id}",
@@ -49,7 +53,7 @@ def srun_argv(
         f"--nodes={len(nodes)}",
         f"--ntasks={len(nodes)}",
         "--ntasks-per-node=1",
-        f"--nodelist={','.join(nodes)}",
+        f"--nodelist={compress(nodes)}",  # a short hostlist, also for 10,000 nodes
         "--cpu-bind=none",
         "--kill-on-bad-exit=0",
         "--quiet",
@@ -60,6 +64,8 @@ def srun_argv(
         argv.append("--pty")
     if input_all:
         argv.append("--input=all")
+    if immediate is not None:
+        argv.append(f"--immediate={max(1, round(immediate))}")
     return [*argv, *command]
 
 
@@ -86,12 +92,13 @@ def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str])
         os.close(fd)
 
 
-def list_steps(job_id: str, timeout: float = 30) -> dict[str, str] | None:
-    """Step id -> step name of the job's running steps; None when the job is gone."""
+def list_steps(job_id: str) -> dict[str, str] | None:
+    """Step id -> step name of the job's running steps; None when SLURM says the job is
+    gone. ``SlurmCommandError`` when squeue could not answer (retried): never a guess."""
     try:
-        out = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], timeout)
-    except SlurmCommandError as e:
-        if "Invalid job id" in str(e):
+        out = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"])
+    except SlurmAnswerError as e:
+        if e.invalid_job:
             return None
         raise
     steps: dict[str, str] = {}
@@ -102,27 +109,29 @@ def list_steps(job_id: str, timeout: float = 30) -> dict[str, str] | None:
     return steps
 
 
-def job_state(job_id: str, timeout: float = 30) -> str | None:
-    """SLURM state of the job (``RUNNING``, ``PENDING``...), None when it no longer exists."""
+def job_state(job_id: str) -> str | None:
+    """SLURM state of the job (``RUNNING``, ``PENDING``...), None when SLURM says it no
+    longer exists; ``SlurmCommandError`` when squeue could not answer."""
     try:
-        out = run_slurm(["squeue", "-h", "-j", str(job_id), "-o", "%T"], timeout)
-    except SlurmCommandError as e:
-        if "Invalid job id" in str(e):
+        out = run_slurm(["squeue", "-h", "-j", str(job_id), "-o", "%T"])
+    except SlurmAnswerError as e:
+        if e.invalid_job:
             return None
         raise
     return out.strip().splitlines()[0] if out.strip() else None
 
 
-def cancel_steps(step_ids: Sequence[str], wait: float = 60, job_id: str | None = None) -> None:
-    """Cancel the given steps (one scancel) and wait until squeue no longer lists them."""
+def cancel_steps(step_ids: Sequence[str], job_id: str, wait: float = 60) -> None:
+    """Cancel the given steps (one scancel) and wait until squeue no longer lists them.
+
+    Steps that ended meanwhile make scancel answer ``already completing``: fine, the wait
+    decides. A scancel that cannot reach the controller is raised (after its retries)."""
     if not step_ids:
         return
     try:
-        run_slurm(["scancel", *step_ids], timeout=30)
-    except SlurmCommandError:
-        pass  # steps that ended meanwhile make scancel complain; the wait below decides
-    if job_id is None:
-        return
+        run_slurm(["scancel", *step_ids])
+    except SlurmAnswerError:
+        pass
     deadline = time.monotonic() + wait
     remaining = set(step_ids)
     while remaining and time.monotonic() < deadline:

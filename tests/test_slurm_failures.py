@@ -1,0 +1,206 @@
+"""A failed SLURM command is not a verdict: retries, SLURM's answers, the provider's view
+before squeue has answered, and per-node data that stays small at 10,000 nodes.
+
+The SLURM commands here are small scripts first on PATH (this is the logic around the
+commands; the live fault-injection tests drive the real test bed).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND
+
+from eray_provider import slurm_cli
+from eray_provider.allocation import Allocation, NodeShare
+from eray_provider.cluster_config import fill_config
+from eray_provider.cluster_state import ClusterState, ClusterStoppingError
+from eray_provider.launch import TeardownError, encode_node_ids, teardown
+from eray_provider.node_run import NodeRunError, node_id_from
+from eray_provider.ports import choose_plan
+from eray_provider.slurm_cli import SlurmAnswerError, SlurmCommandError, run_slurm
+from eray_provider.srun import list_steps
+
+
+def fake(bindir: Path, name: str, body: str) -> Path:
+    bindir.mkdir(exist_ok=True)
+    path = bindir / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def flaky(bindir: Path, name: str, failures: int, stdout: str = "", stderr: str = "") -> Path:
+    """``name`` fails ``failures`` times with a controller timeout, then prints ``stdout``;
+    every call is counted in ``<bindir>/<name>.calls``."""
+    count = bindir / f"{name}.calls"
+    body = (
+        f"echo x >> {count}\n"
+        f"n=$(wc -l < {count})\n"
+        f'if [ "$n" -le {failures} ]; then echo "slurm_load_jobs error: Socket timed out on send/recv '
+        'operation" >&2; exit 1; fi\n'
+        f"printf '%s\\n' {shlex.quote(stdout)}\n"
+    )
+    if stderr:
+        body += f"echo {stderr!r} >&2; exit 1\n"
+    return fake(bindir, name, body)
+
+
+def calls(bindir: Path, name: str) -> int:
+    path = bindir / f"{name}.calls"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture
+def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "bin"
+    d.mkdir()
+    monkeypatch.setenv("PATH", f"{d}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_cli, "RETRY_DELAY", 0.01)
+    return d
+
+
+def test_a_transient_failure_is_retried_and_the_answer_returned(bindir: Path) -> None:
+    flaky(bindir, "squeue", failures=2, stdout="77.0 eray.c.head.1")
+    assert list_steps("77") == {"77.0": "eray.c.head.1"}
+    assert calls(bindir, "squeue") == 3
+
+
+def test_a_controller_that_stays_down_is_an_error_with_slurms_words(bindir: Path) -> None:
+    flaky(bindir, "squeue", failures=99)
+    with pytest.raises(SlurmCommandError) as e:
+        list_steps("77")
+    assert "Socket timed out" in str(e.value) and "tried 3 times" in str(e.value)
+    assert not isinstance(e.value, SlurmAnswerError)
+    assert calls(bindir, "squeue") == 3
+
+
+def test_invalid_job_id_is_slurms_answer_taken_at_once(bindir: Path) -> None:
+    fake(
+        bindir,
+        "squeue",
+        'echo x >> "$0.calls"\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n',
+    )
+    assert list_steps("77") is None
+    assert calls(bindir, "squeue") == 1
+
+
+def test_a_hung_command_times_out_per_try(bindir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake(bindir, "scontrol", 'echo x >> "$0.calls"\nexec sleep 30\n')
+    monkeypatch.setenv("ERAY_SLURM_TIMEOUT", "0.5")
+    monkeypatch.setenv("ERAY_SLURM_ATTEMPTS", "2")
+    t = time.monotonic()
+    with pytest.raises(SlurmCommandError, match="did not answer within"):
+        run_slurm(["scontrol", "show", "config"])
+    assert time.monotonic() - t < 10
+    assert calls(bindir, "scontrol") == 2
+
+
+@pytest.mark.parametrize("name,value", [("ERAY_SLURM_TIMEOUT", "soon"), ("ERAY_SLURM_ATTEMPTS", "0")])
+def test_bad_retry_settings_name_the_variable(bindir: Path, monkeypatch, name: str, value: str) -> None:
+    fake(bindir, "squeue", "true\n")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SlurmCommandError, match=f"{name}='{value}'"):
+        run_slurm(["squeue"])
+
+
+def test_node_ids_of_10000_nodes_fit_in_a_few_bytes() -> None:
+    names = [f"gpu{i:05d}" for i in range(10_000)]
+    ids = {n: f"{n}.{i + 7}" for i, n in enumerate(names)}
+    value = encode_node_ids(ids)
+    assert len(value) < 64
+    assert all(node_id_from(value, n) == ids[n] for n in names[::997] + names[-1:])
+    assert node_id_from(value, "other1") is None
+    mixed = {"b3": "b3.5", "a1": "a1.6", "a10": "a10.7"}
+    assert all(node_id_from(encode_node_ids(mixed), n) == i for n, i in mixed.items())
+    with pytest.raises(ValueError, match="follow on"):
+        encode_node_ids({"a1": "a1.5", "a2": "a2.9"})
+    with pytest.raises(NodeRunError, match=r"ERAY_NODE_IDS='a1=a1\.5'"):
+        node_id_from("a1=a1.5", "a1")
+
+
+# ---------------------------------------------------------------------- the provider
+def _provider(tmp_path: Path, nodes: int = 3):
+    from eray_provider.provider import SlurmNodeProvider
+
+    alloc = Allocation("77", tuple(NodeShare(f"n{i}", 2, 0, None, 4000) for i in range(1, nodes + 1)))
+    base = {
+        "cluster_name": "c",
+        "max_workers": -1,
+        "provider": {"type": "external", "module": "x", "state_dir": str(tmp_path / "state")},
+    }
+    config = fill_config(base, alloc, python="python3")
+    state = ClusterState("c", "77", tmp_path / "state")
+    state.create()
+    state.save_ports(choose_plan("77", []))
+    state.save_cluster_config({"provider": config["provider"]})
+    old = time.time() - 600  # long past the start grace: only squeue can vouch for them
+    doc = state.read()
+    for i, (name, role) in enumerate([("n1", "head"), ("n2", "worker")], start=1):
+        doc["nodes"][f"{name}.{i}"] = {
+            "slurm_node": name,
+            "role": role,
+            "gen": i,
+            "tags": {TAG_RAY_NODE_KIND: role},
+            "launched": old,
+            "step_name": f"eray.c.{role}.{i}",
+        }
+    state.write(doc)
+    return SlurmNodeProvider(config["provider"], "c"), state
+
+
+def test_before_squeue_answers_launched_nodes_are_not_reported_terminated(
+    bindir: Path, tmp_path: Path
+) -> None:
+    flaky(bindir, "squeue", failures=99)
+    provider, _ = _provider(tmp_path)
+    # `ray up` asks for a live head; an empty answer here would start a second head
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "head"}) == ["n1.1"]
+    assert not provider.is_terminated("n2.2") and provider.is_running("n2.2")
+    # and a node cannot be marked terminated while its step may run
+    with pytest.raises(SlurmCommandError, match="cannot terminate"):
+        provider.terminate_nodes(["n2.2"])
+    assert not provider.state.read()["nodes"]["n2.2"].get("terminated")
+
+
+def test_squeues_answer_decides_once_it_comes(bindir: Path, tmp_path: Path) -> None:
+    fake(bindir, "squeue", "echo '77.0 eray.c.head.1'\n")  # the worker's step has ended
+    provider, _ = _provider(tmp_path)
+    assert provider.non_terminated_nodes({}) == ["n1.1"]
+    assert provider.is_terminated("n2.2")
+
+
+def test_teardown_keeps_the_state_while_squeue_cannot_answer(bindir: Path, tmp_path: Path) -> None:
+    flaky(bindir, "squeue", failures=99)
+    fake(bindir, "srun", "exit 0\n")
+    _, state = _provider(tmp_path)
+    with pytest.raises(TeardownError, match="state is kept"):
+        teardown(state)
+    assert state.exists() and state.stopping()
+    with pytest.raises(ClusterStoppingError, match="being stopped"):
+        state.check_launchable()
+
+
+def test_teardown_cancels_then_removes_the_state(bindir: Path, tmp_path: Path) -> None:
+    listing = bindir / "steps"
+    listing.write_text("77.0 eray.c.head.1\n77.1 eray.c.workers.2\n77.2 eray.cc.head.1\n")
+    fake(bindir, "squeue", f"cat {listing}\n")
+    # scancel ends the steps it is given: the next listing no longer has them
+    fake(
+        bindir,
+        "scancel",
+        f'for s in "$@"; do grep -v "^$s " {listing} > {listing}.new; mv {listing}.new {listing}; done\n',
+    )
+    srun_log = bindir / "srun.log"
+    fake(bindir, "srun", f'echo "$*" >> {srun_log}\n')
+    _, state = _provider(tmp_path)
+    state.write_marker("n1.1", "tmpdir", "n1 /tmp/eray-77-a")
+    assert sorted(teardown(state)) == ["77.0", "77.1"]
+    assert listing.read_text() == "77.2 eray.cc.head.1\n"  # another cluster's step is left alone
+    assert not state.dir.exists()
+    assert "--nodelist=n1" in srun_log.read_text() and "cleanup.sh" in srun_log.read_text()
