@@ -22,18 +22,19 @@ from collections.abc import Sequence
 
 from .allocation import Allocation, AllocationError
 from .cluster_config import fill_config
-from .cluster_state import ClusterState
+from .cluster_state import ClusterState, ClusterStoppingError
 from .launch import (
     LaunchError,
+    TeardownError,
     ensure_port_plan,
     launch_head,
     launch_workers,
     node_client_env,
-    stop_cluster,
+    teardown,
     wait_joined,
 )
 from .node_spec import worker_types
-from .slurm_cli import load_allocation
+from .slurm_cli import SlurmCommandError, load_allocation
 
 DEFAULT_JOIN_TIMEOUT = 300.0
 
@@ -69,7 +70,7 @@ def start_cluster(
     state: ClusterState, alloc: Allocation, provider: dict, join_timeout: float, stopped=lambda: False
 ) -> str:
     """Port plan, head, workers (one srun per node type), then wait until every node of
-    ``alloc`` has joined; returns the GCS address. The caller tears down (``stop_cluster``)."""
+    ``alloc`` has joined; returns the GCS address. The caller tears down (``teardown``)."""
     t0 = time.monotonic()
     python = provider["python"]
     with state.lock(timeout=120):
@@ -119,6 +120,7 @@ def run(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    code = 1
     try:
         start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
         _log(f"running {' '.join(command)}")
@@ -127,11 +129,13 @@ def run(
         proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
         code = proc.wait()
         _log(f"command exited {code}")
-        return code
-    except (LaunchError, AllocationError, TimeoutError) as e:
+    except (LaunchError, AllocationError, TimeoutError, SlurmCommandError, ClusterStoppingError) as e:
         _log(f"error: {e}")
-        return 1
     finally:
-        stop_cluster(state)
-        state.remove()
-        _log("cluster stopped")
+        try:
+            teardown(state)
+            _log("cluster stopped")
+        except TeardownError as e:
+            _log(f"error: {e}")
+            code = code or 1
+    return code

@@ -41,6 +41,10 @@ STATE_DIR_ENV = "ERAY_STATE_DIR"
 READ_FRESH_SECONDS = 0.5
 
 
+class ClusterStoppingError(RuntimeError):
+    """A launch was asked of a cluster whose teardown has begun."""
+
+
 def default_base() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".eray-provider")
 
@@ -188,6 +192,32 @@ class ClusterState:
         self.update(add)
         return ids
 
+    # ---------------------------------------------------------------- stopping
+    def mark_stopping(self) -> None:
+        """Record, under the lock, that the cluster is being torn down: every launch
+        checks it under the same lock and refuses, and a node whose step starts after
+        it exits without starting Ray (``node_run``)."""
+        if self.exists():
+            self.update(lambda doc: doc.__setitem__("stopping", time.time()))
+
+    def stopping(self) -> bool:
+        return bool(self.read().get("stopping"))
+
+    def check_launchable(self) -> None:
+        """Raise ``ClusterStoppingError`` when the cluster is being stopped; call it
+        under the lock, just before a launch."""
+        if not self.exists():
+            raise ClusterStoppingError(
+                f"cluster {self.cluster_name!r} of job {self.job_id} has been torn down ({self.dir} "
+                "is gone): nothing is launched"
+            )
+        if self.stopping():
+            raise ClusterStoppingError(
+                f"cluster {self.cluster_name!r} of job {self.job_id} is being stopped (`ray down` "
+                f"began): nothing is launched; if no teardown runs any more, run `ray down` again "
+                f"(state: {self.dir})"
+            )
+
     # ---------------------------------------------------------------- ports / config / token
     def ports(self) -> PortPlan | None:
         path = self.dir / "ports.json"
@@ -198,6 +228,12 @@ class ClusterState:
 
     def save_ports(self, plan: PortPlan) -> None:
         _write_private(self.dir / "ports.json", plan.to_json())
+
+    def save_file(self, name: str, text: str) -> Path:
+        """A private file in the state dir (which every node sees); returns its path."""
+        path = self.dir / name
+        _write_private(path, text)
+        return path
 
     def cluster_config(self) -> dict[str, Any]:
         return json.loads((self.dir / "cluster.json").read_text())

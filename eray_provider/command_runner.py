@@ -125,8 +125,8 @@ class SrunCommandRunner(CommandRunnerInterface):
         self._stop_cluster = stop_cluster
 
     # ------------------------------------------------------------------ helpers
-    def _argv(self, command: list[str], pty: bool = False) -> list[str]:
-        return srun_argv(self.state.job_id, [self.slurm_node], command, pty=pty)
+    def _argv(self, command: list[str], pty: bool = False, timeout: float | None = None) -> list[str]:
+        return srun_argv(self.state.job_id, [self.slurm_node], command, pty=pty, immediate=timeout)
 
     def _env(self) -> dict[str, str]:
         return clean_env(os.environ)
@@ -189,7 +189,10 @@ class SrunCommandRunner(CommandRunnerInterface):
             self._stop_cluster()
             return out or (b"" if with_output else "")
         interactive = not with_output and sys.stdin.isatty() and sys.stdout.isatty()
-        argv = self._argv(self._shell(cmd, environment_variables), pty=interactive)
+        # Ray's `timeout` is the ssh runner's ConnectTimeout: here, how long srun may wait
+        # for the step (a controller that does not answer); the command runs as long as
+        # it needs (setup commands)
+        argv = self._argv(self._shell(cmd, environment_variables), pty=interactive, timeout=timeout)
         if with_output:
             proc = subprocess.run(argv, env=self._env(), capture_output=True, stdin=subprocess.DEVNULL)
             if proc.returncode != 0:

@@ -25,6 +25,7 @@ import shutil
 import time
 from typing import Any
 
+from filelock import FileLock
 from ray.autoscaler._private.cli_logger import cli_logger
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
@@ -38,7 +39,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
-from .cluster_state import ClusterState
+from .cluster_state import ClusterState, ensure_private_dir
 from .config_cache import cache_path
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
@@ -46,7 +47,7 @@ from .launch import node_env
 from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_job_name, worker_job_name
 from .provider import SlurmNodeProvider
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
-from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_timeout
 from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
@@ -297,37 +298,59 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _start_head_job(self, node_config: dict[str, Any], head_type: str) -> None:
         """Submit the head's own job (or find the one a racing `ray up` submitted), wait
-        until SLURM runs it, and complete the provider config with it."""
-        head = _live_head_job(self.cluster_name)
-        if head is None:
-            request = node_request(self.provider_config, node_config, head_type)
-            log = self._head_log("%j")
-            self.state.base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            job = submit(
-                request,
-                head_job_name(self.cluster_name),
-                "#!/bin/bash\nexec sleep infinity\n",
-                log,
-                clean_env(os.environ),
-            )
-            cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
-        else:
-            job = head.job_id
-            cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
+        until SLURM runs it, and complete the provider config with it.
+
+        Two `ray up`s submit one job: the look-up and the submission happen under a lock
+        file of the cluster in the state base. The job is cancelled only on SLURM's own
+        verdict (it ended, it cannot start, it waited past ``head_start_timeout_s``) or an
+        interrupt; when SLURM does not answer it is kept (the next `ray up` finds it by
+        name, `ray down` cancels it) and the error says so."""
+        base = ensure_private_dir(self.state.base)
+        with FileLock(str(base / f".{self.cluster_name}.head.lock"), timeout=slurm_timeout() * 4):
+            head = _live_head_job(self.cluster_name)
+            if head is None:
+                request = node_request(self.provider_config, node_config, head_type)
+                job = submit(
+                    request,
+                    head_job_name(self.cluster_name),
+                    "#!/bin/bash\nexec sleep infinity\n",
+                    self._head_log("%j"),
+                    clean_env(os.environ),
+                )
+                cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
+            else:
+                job = head.job_id
+                cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
         try:
             self._wait_head_job(job)
             self._use_head_job(job)
+        except JobGoneError:
+            raise
+        except SlurmCommandError as e:
+            raise SlurmCommandError(
+                f"{e}; the head's SLURM job {job} was kept (SLURM did not answer, which says nothing "
+                "about the job): `ray up` again uses it, `ray down` cancels it"
+            ) from e
         except BaseException:
             cancel_jobs([job])  # never leave a head job nobody tracks
             raise
 
     def _wait_head_job(self, job: str) -> None:
+        """Until SLURM runs the head's job; ``AllocationError`` on SLURM's verdict that it
+        will not, ``SlurmCommandError`` when squeue stayed silent up to the timeout."""
         timeout = float(self.provider_config.get("head_start_timeout_s", HEAD_START_TIMEOUT))
         started = time.monotonic()
         reason = ""
         while True:
-            info = list_jobs(self.cluster_name).get(job)
             waited = time.monotonic() - started
+            try:
+                info = list_jobs(self.cluster_name).get(job)
+            except SlurmCommandError as e:
+                if waited > timeout:
+                    raise
+                cli_logger.warning(f"squeue failed while waiting for the head's job {job}: {e}")
+                time.sleep(1)
+                continue
             if info is None and waited < SUBMIT_GRACE_SECONDS:
                 time.sleep(1)  # not listed yet
                 continue
@@ -350,7 +373,7 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
-        alloc = select_nodes(load_allocation(job), self.provider_config, 0)
+        alloc = select_nodes(scontrol_job(job), self.provider_config, 0)
         self.provider_config.update(_head_fields(job, alloc.to_dict()))
         self._bind(job)
 

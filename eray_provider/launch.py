@@ -21,12 +21,17 @@ from collections.abc import Mapping, Sequence
 from .allocation import Allocation
 from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
+from .hostlist import compress
 from .names import is_cluster_step, step_name
 from .ports import PortPlan, candidates, choose_plan
 from .slurm_cli import SlurmCommandError, host_exclusions
 from .srun import cancel_steps, clean_env, launch_detached, list_steps, srun_argv
 
 HEAD_READY_TIMEOUT = 300.0
+#: A launched node whose step squeue does not list yet is still starting for this long.
+STEP_GRACE_SECONDS = 30.0
+#: Seconds the temp dir cleanup (one srun over the nodes) may take.
+CLEANUP_TIMEOUT = 120.0
 
 
 class LaunchError(RuntimeError):
@@ -96,6 +101,21 @@ _NODE_SPECIFIC = (
 )
 
 
+def encode_node_ids(ids: Mapping[str, str]) -> str:
+    """``slurm node -> node id`` of one launch as ``<hostlist>@<first generation>``: node
+    ``i`` of the (order-kept, compressed) hostlist is ``<name>.<first + i>``. A few bytes
+    for 10,000 nodes, where ``name=id,...`` overflows one environment value (E2BIG).
+    Ids come from one ``ClusterState.add_nodes`` call, so their generations follow on."""
+    if not ids:
+        return ""
+    names = list(ids)
+    first = int(ids[names[0]].rpartition(".")[2])
+    for i, name in enumerate(names):
+        if ids[name] != f"{name}.{first + i}":
+            raise ValueError(f"node ids of one launch must follow on: {name} -> {ids[name]}")
+    return f"{compress(names)}@{first}"
+
+
 def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
     base = {k: v for k, v in os.environ.items() if not k.startswith(_NODE_SPECIFIC)}
     if "ERAY_USER_TMPDIR" in os.environ:  # launched from inside one of our Ray nodes
@@ -110,7 +130,7 @@ def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapp
             "ERAY_CLUSTER": state.cluster_name,
             "ERAY_JOB_ID": state.job_id,
             "ERAY_ROLE": role,
-            "ERAY_NODE_IDS": ",".join(f"{n}={i}" for n, i in ids.items()),
+            "ERAY_NODE_IDS": encode_node_ids(ids),
         },
     )
 
@@ -156,6 +176,7 @@ def launch_head(
     """
     log = state.logs / f"{node_id}.log"
     with state.lock(timeout=120):
+        state.check_launchable()
         doc = state.read()
         rec = doc["nodes"][node_id]
         proc = None
@@ -172,12 +193,17 @@ def launch_head(
 def launch_workers(
     state: ClusterState, nodes: Mapping[str, str], node_type: str, python: str, batch: int
 ) -> subprocess.Popen:
-    """One srun step for a batch of workers (``slurm node -> node id``); does not wait."""
+    """One srun step for a batch of workers (``slurm node -> node id``); does not wait.
+
+    Under the cluster's lock, so a teardown that has begun (``mark_stopping``) is seen and
+    the launch refused, and a teardown that begins later finds the step's record."""
     name = step_name(state.cluster_name, f"workers.{batch}")
     argv = srun_argv(state.job_id, list(nodes), [python, "-m", "eray_provider.node_run"], name=name)
     env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
-    _mark_launched(state, list(nodes.values()), name)
-    return launch_detached(argv, state.logs / f"workers.{batch}.log", env)
+    with state.lock(timeout=120):
+        state.check_launchable()
+        _mark_launched(state, list(nodes.values()), name)
+        return launch_detached(argv, state.logs / f"workers.{batch}.log", env)
 
 
 def _mark_launched(state: ClusterState, node_ids: Sequence[str], step_name: str) -> None:
@@ -246,22 +272,72 @@ def gcs_alive_ips(state: ClusterState, address: str, timeout: float = 30) -> set
     return set(proc.stdout.split()) if proc.returncode == 0 else None
 
 
-def stop_cluster(state: ClusterState) -> list[str]:
-    """Cancel every step of this cluster and remove the nodes' temp dirs; returns step ids."""
+class TeardownError(LaunchError):
+    """The cluster's steps could not be shown to have ended: its state is kept."""
+
+
+def teardown(state: ClusterState) -> list[str]:
+    """The end of a cluster of fixed nodes (``ray down``, the end of ``eray-provider run``
+    and of ``auto_ray_cluster``); returns the ids of the steps it cancelled.
+
+    Mark the cluster stopping (launches refuse from then on), cancel its steps until SLURM
+    lists none of them, remove the nodes' temp dirs, and only then delete the state, under
+    the lock. When SLURM cannot be reached the state is kept (steps may still run: the
+    state is how a later teardown finds them) and ``TeardownError`` says so.
+    """
+    if not state.dir.exists():
+        return []
+    with state.lock(timeout=300):
+        state.mark_stopping()
     try:
-        steps = list_steps(state.job_id)
-    except SlurmCommandError:
-        steps = None
-    if steps is None:
-        return []  # the job has ended: SLURM has ended every process of it
-    ours = [sid for sid, name in steps.items() if is_cluster_step(name, state.cluster_name)]
-    cancel_steps(ours, wait=90, job_id=state.job_id)
-    _remove_temp_dirs(state)
+        ours = stop_cluster(state)
+    except (SlurmCommandError, LaunchError, subprocess.SubprocessError, OSError) as e:
+        raise TeardownError(
+            f"could not stop cluster {state.cluster_name!r} of job {state.job_id}: {e}. Its steps "
+            f"may still run, so its state is kept in {state.dir}: run `ray down` (or the "
+            "teardown) again when SLURM answers"
+        ) from e
+    with state.lock(timeout=300):
+        state.remove()
     return ours
 
 
+def stop_cluster(state: ClusterState) -> list[str]:
+    """Cancel every step of this cluster and remove the nodes' temp dirs; returns step ids.
+
+    A step whose srun was started just before the teardown began may not be listed by
+    squeue yet: until every step launched in the last ``STEP_GRACE_SECONDS`` has been
+    seen (and cancelled), squeue is asked again. Raises ``SlurmCommandError`` when squeue
+    or scancel cannot answer: not knowing is never taken for "nothing runs"."""
+    records = state.read()["nodes"].values()
+    launched = {
+        rec["step_name"]: rec["launched"]
+        for rec in records
+        if rec.get("launched") and rec.get("step_name") and not rec.get("slurm_job")
+    }
+    cancelled: list[str] = []
+    seen: set[str] = set()
+    while True:
+        steps = list_steps(state.job_id)
+        if steps is None:
+            return cancelled  # SLURM says the job has ended: it ended every process of it
+        ours = {sid: name for sid, name in steps.items() if is_cluster_step(name, state.cluster_name)}
+        cancel_steps(list(ours), state.job_id, wait=90)
+        cancelled += ours
+        seen.update(ours.values())
+        unseen = [t for name, t in launched.items() if name not in seen]
+        if not unseen or time.time() - max(unseen) > STEP_GRACE_SECONDS:
+            break
+        time.sleep(1)
+    _remove_temp_dirs(state)
+    return cancelled
+
+
 def _remove_temp_dirs(state: ClusterState) -> None:
-    """One srun over the nodes that recorded a temp dir; each removes only its own."""
+    """One srun over the nodes that recorded a temp dir; each removes only its own.
+
+    The per-node script is a file in the state dir (every node sees it), not an
+    argument: for thousands of nodes an argument would exceed the kernel's limit."""
     per_node: dict[str, list[str]] = {}
     # nodes of other jobs (elastic workers) clean up after themselves
     outside = {i for i, rec in state.read()["nodes"].items() if rec.get("slurm_job")}
@@ -273,23 +349,26 @@ def _remove_temp_dirs(state: ClusterState) -> None:
                 per_node.setdefault(node, []).append(path)
     if not per_node:
         return
-    script = (
-        'case "$SLURMD_NODENAME" in '
-        + " ".join(
-            f"{shlex.quote(node)}) rm -rf -- {' '.join(map(shlex.quote, paths))};;"
-            for node, paths in per_node.items()
+    lines = [f"  {shlex.quote(n)}) rm -rf -- {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]
+    script = state.save_file("cleanup.sh", 'case "$SLURMD_NODENAME" in\n' + "\n".join(lines) + "\nesac\n")
+    nodes = sorted(per_node)
+    name = step_name(state.cluster_name, "cleanup")
+    argv = srun_argv(state.job_id, nodes, ["bash", str(script)], name=name)
+    what = f"step {name} of job {state.job_id} on {len(nodes)} node(s) ({compress(nodes)})"
+    try:
+        proc = subprocess.run(
+            argv,
+            env=clean_env(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=CLEANUP_TIMEOUT,
+            stdin=subprocess.DEVNULL,
         )
-        + " esac"
-    )
-    argv = srun_argv(
-        state.job_id,
-        sorted(per_node),
-        ["bash", "-c", script],
-        name=step_name(state.cluster_name, "cleanup"),
-    )
-    subprocess.run(
-        argv, env=clean_env(os.environ), capture_output=True, timeout=120, stdin=subprocess.DEVNULL
-    )
+    except subprocess.TimeoutExpired as e:
+        raise LaunchError(f"{what}: the temp dir cleanup did not end within {CLEANUP_TIMEOUT:.0f} s") from e
+    if proc.returncode != 0:
+        detail = proc.stderr.strip()[-2000:]
+        raise LaunchError(f"{what}: the temp dir cleanup failed (exit {proc.returncode}): {detail}")
 
 
 def wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped=lambda: False) -> None:

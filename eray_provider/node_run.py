@@ -7,7 +7,8 @@ port plan, token and resources, and records the outcome for the provider. It for
 SIGTERM/SIGINT to Ray and removes its temp dir when Ray ends.
 
 Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
-``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``slurmnode=nodeid,...``).
+``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``).
+A node of a cluster that is being stopped (``ray down`` has begun) exits at once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 from .allocation import Allocation
 from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
+from .hostlist import HostlistError, expand
 from .node_spec import StartSpec
 from .port_probe import busy_ports
 from .ports import PortPlan, candidates, choose_plan
@@ -37,14 +39,19 @@ class NodeRunError(RuntimeError):
     pass
 
 
-def node_ids_from(value: str) -> dict[str, str]:
-    out = {}
-    for item in value.split(","):
-        name, _, node_id = item.partition("=")
-        if not name or not node_id:
-            raise NodeRunError(f"ERAY_NODE_IDS={value!r}: expected node=id,...")
-        out[name] = node_id
-    return out
+def node_id_from(value: str, node_name: str) -> str | None:
+    """This node's id in ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``, written by
+    ``launch.encode_node_ids``); None when the launch does not name this node."""
+    hosts, sep, first = value.rpartition("@")
+    try:
+        names = expand(hosts) if sep and first.isdigit() else None
+    except HostlistError:
+        names = None
+    if names is None:
+        raise NodeRunError(f"ERAY_NODE_IDS={value!r}: expected <hostlist>@<first generation>")
+    if node_name not in names:
+        return None
+    return f"{node_name}.{int(first) + names.index(node_name)}"
 
 
 def interface_addresses() -> list[str]:
@@ -140,7 +147,7 @@ def main() -> int:
     if own_job is not None:
         node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
     else:
-        node_id = node_ids_from(env["ERAY_NODE_IDS"]).get(node_name)
+        node_id = node_id_from(env["ERAY_NODE_IDS"], node_name)
     if node_id is None:
         print(f"eray-provider: node {node_name} is not in ERAY_NODE_IDS", file=sys.stderr)
         return 2
@@ -230,6 +237,7 @@ def main() -> int:
         beside = os.path.join(os.path.dirname(sys.executable), "ray")
         if os.access(beside, os.X_OK):
             argv[0] = beside
+        state.check_launchable()  # a teardown that began while this step started wins
         proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
 
         def forward(signum, _frame):
@@ -242,7 +250,10 @@ def main() -> int:
         print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
         code = 1 if code == 0 else code
     finally:
-        state.write_marker(node_id, "exit", str(code))
+        try:
+            state.write_marker(node_id, "exit", str(code))
+        except FileNotFoundError:
+            pass  # the cluster was torn down and its state removed: nobody waits for it
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     return code

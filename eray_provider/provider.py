@@ -36,11 +36,12 @@ from .cluster_state import ClusterState
 from .command_runner import SrunCommandRunner
 from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
 from .launch import (
+    STEP_GRACE_SECONDS,
     LaunchError,
     ensure_port_plan,
     launch_head,
     launch_workers,
-    stop_cluster,
+    teardown,
 )
 from .process_identity import signal_command
 from .slurm_cli import SlurmCommandError, load_allocation
@@ -50,8 +51,9 @@ from .srun import cancel_steps, clean_env, job_state, list_steps, srun_argv
 logger = logging.getLogger(__name__)
 
 STEP_CACHE_SECONDS = 5.0
-#: A launched node whose step squeue does not list yet is still starting for this long.
-STEP_GRACE_SECONDS = 30.0
+#: The step list before squeue has answered once: launched nodes count as alive, because
+#: a failed squeue is not SLURM saying they ended (a second head would follow).
+UNKNOWN: dict[str, str] = {}
 #: How long a node also answers to the tags a racing create_node asked for.
 REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
@@ -81,8 +83,8 @@ class SlurmNodeProvider(NodeProvider):
         """Attach to the cluster of ``job_id`` (the job that holds the head)."""
         self.job_id = job_id
         self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
-        self._steps: tuple[float, dict[str, str] | None] = (0.0, {})
-        self._alive_cache: tuple[tuple, list[str]] | None = None
+        self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
+        self._alive_cache: tuple[tuple, list[str], frozenset[str]] | None = None
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
@@ -161,7 +163,9 @@ class SlurmNodeProvider(NodeProvider):
         return self.state.read()["nodes"]
 
     def _job_steps(self) -> dict[str, str] | None:
-        """Step id -> name for the job, refreshed at most every STEP_CACHE_SECONDS."""
+        """Step id -> name for the job, refreshed at most every STEP_CACHE_SECONDS; None
+        when SLURM says the job has ended; ``UNKNOWN`` until squeue has answered once.
+        A failed squeue keeps the last answer (it says nothing about the steps)."""
         stamp, steps = self._steps
         if time.monotonic() - stamp > STEP_CACHE_SECONDS:
             try:
@@ -180,25 +184,39 @@ class SlurmNodeProvider(NodeProvider):
         if not launched:
             return True  # created, start command not run yet
         if steps is None:
-            return False  # the job has ended
-        if rec.get("step_name") in steps.values():
+            return False  # SLURM says the job has ended
+        if steps is UNKNOWN or rec.get("step_name") in steps:
             return True
         return time.time() - launched < STEP_GRACE_SECONDS
 
     def _alive_ids(self) -> list[str]:
         """Ids of live nodes; recomputed only when the records, markers or steps changed."""
+        return self._alive_view()[0]
+
+    def _alive_view(self) -> tuple[list[str], frozenset[str]]:
+        """(live ids in record order, the same as a set for O(1) ``is_running`` and
+        ``is_terminated``); one pass over the records per change, whatever N."""
         records = self._records()
         if not records:
-            return []
+            return [], frozenset()
         markers = self.state.markers()
         needs_steps = any(r.get("launched") and not r.get("terminated") for r in records.values())
         steps = self._job_steps() if needs_steps else {}
+        if steps:
+            steps = self._step_names(steps)
         key = (id(records), id(markers), id(steps))
         if self._alive_cache is not None and self._alive_cache[0] == key:
-            return self._alive_cache[1]
+            return self._alive_cache[1], self._alive_cache[2]
         alive = [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
-        self._alive_cache = (key, alive)
-        return alive
+        self._alive_cache = (key, alive, frozenset(alive))
+        return alive, self._alive_cache[2]
+
+    def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
+        """The listing keyed by step name (one dict per listing, kept for its identity)."""
+        cached = getattr(self, "_names_cache", None)
+        if cached is None or cached[0] is not steps:
+            self._names_cache = (steps, {name: sid for sid, name in steps.items()})
+        return self._names_cache[1]
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         alive = self._alive_ids()
@@ -219,10 +237,10 @@ class SlurmNodeProvider(NodeProvider):
 
     def is_running(self, node_id: str) -> bool:
         rec = self._records().get(node_id)
-        return bool(rec and rec.get("launched") and node_id in self.non_terminated_nodes({}))
+        return bool(rec and rec.get("launched") and node_id in self._alive_view()[1])
 
     def is_terminated(self, node_id: str) -> bool:
-        return node_id not in self.non_terminated_nodes({})
+        return node_id not in self._alive_view()[1]
 
     def node_tags(self, node_id: str) -> dict[str, str]:
         rec = self._records().get(node_id)
@@ -265,6 +283,7 @@ class SlurmNodeProvider(NodeProvider):
             raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
         with state.lock(timeout=300):
             state.create()
+            state.check_launchable()
             live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
             if live:
                 # a racing `ray up` created it: let this caller find it under its own tags
@@ -283,11 +302,9 @@ class SlurmNodeProvider(NodeProvider):
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         with self.state.lock(timeout=120):
-            busy = {
-                rec["slurm_node"]
-                for node_id, rec in self._records().items()
-                if node_id in self.non_terminated_nodes({})
-            }
+            self.state.check_launchable()
+            alive = self._alive_view()[1]
+            busy = {rec["slurm_node"] for node_id, rec in self._records().items() if node_id in alive}
             free = [n for n in candidates if n not in busy][:count]
             if len(free) < count:
                 logger.warning("asked for %d workers, only %d SLURM nodes are free", count, len(free))
@@ -306,11 +323,9 @@ class SlurmNodeProvider(NodeProvider):
         logger.info("head %s alive at %s", node_id, address)
 
     def stop_all(self) -> None:
-        """``ray stop`` of this cluster: its steps only, then temp dirs and state."""
-        if not self.state.dir.exists():
-            return
-        stop_cluster(self.state)
-        self.state.remove()
+        """``ray stop`` of this cluster: its steps only, then temp dirs and state
+        (``launch.teardown``; the state stays when SLURM cannot say the steps ended)."""
+        teardown(self.state)
 
     def terminate_node(self, node_id: str) -> None:
         self.terminate_nodes([node_id])
@@ -320,7 +335,15 @@ class SlurmNodeProvider(NodeProvider):
         targets = [i for i in node_ids if i in records]
         if not targets:
             return
-        steps = self._job_steps() or {}
+        steps = self._job_steps()
+        if steps is UNKNOWN:
+            self._steps = (0.0, UNKNOWN)  # ask squeue now, not in STEP_CACHE_SECONDS
+            steps = self._job_steps()
+        if steps is UNKNOWN:
+            raise SlurmCommandError(
+                f"cannot terminate {targets}: squeue does not answer for job {self.job_id}"
+            )
+        steps = steps or {}
         by_step: dict[str, list[str]] = {}
         for node_id in targets:
             by_step.setdefault(records[node_id].get("step_name", ""), []).append(node_id)
@@ -332,7 +355,7 @@ class SlurmNodeProvider(NodeProvider):
             else:
                 for node_id in ids:
                     self._signal_node(node_id)
-        cancel_steps(whole, wait=60, job_id=self.job_id)
+        cancel_steps(whole, self.job_id, wait=60)
 
         def mark(doc):
             for node_id in targets:

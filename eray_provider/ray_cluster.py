@@ -31,7 +31,7 @@ from .allocation import Allocation, AllocationError
 from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
 from .cluster_state import ClusterState
 from .distributed import StepLayout, step_layout
-from .launch import cluster_env, stop_cluster
+from .launch import TeardownError, cluster_env, teardown
 from .names import safe_part
 from .slurm_cli import SlurmCommandError, cluster_name, load_allocation
 from .srun import job_state
@@ -142,8 +142,10 @@ def _teardown(state: ClusterState, processes: int) -> None:
         if len(done) >= processes:
             break
         time.sleep(0.5)
-    stop_cluster(state)
-    state.remove()
+    try:
+        teardown(state)
+    except TeardownError as e:
+        logger.error("%s", e)
 
 
 def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -> tuple[str, str | None]:
