@@ -1,0 +1,136 @@
+"""The port probe's report and how the launcher merges every node's ranges (#13 item 4)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from eray_provider import launch
+from eray_provider.allocation import Allocation, NodeShare
+from eray_provider.port_probe import (
+    NodeReport,
+    ProbeError,
+    check_answered,
+    exclusions_from_reports,
+    format_report,
+    parse_reports,
+)
+from eray_provider.ports import Excluded, candidates
+
+
+def test_report_round_trip_and_merge_of_every_nodes_ranges() -> None:
+    a = NodeReport("n1", (20224, 20230), (1024, 65535), ((30000, 30010),))
+    b = NodeReport("n2", (), (32768, 60999))
+    c = NodeReport("n3", (), (32768, 60999))
+    text = "\n".join([*format_report(b), *format_report(a), *format_report(c)])
+    reports = parse_reports(text)
+    assert reports == {"n1": a, "n2": b, "n3": c}
+    merged = exclusions_from_reports(reports.values())
+    # one entry per distinct range, the wide one soft, reserved ports hard
+    assert sorted((e.lo, e.hi, e.soft) for e in merged) == [
+        (1024, 65535, True),
+        (30000, 30010, False),
+        (32768, 60999, True),
+    ]
+    assert any(e.source == "ip_local_reserved_ports on n1" for e in merged)
+
+
+def test_old_style_busy_lines_still_parse() -> None:
+    assert parse_reports("n1 busy 1 2\nn2 busy\n") == {"n1": NodeReport("n1", (1, 2)), "n2": NodeReport("n2")}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("n1 busy 12 x", "'n1 busy 12 x'"),
+        ("n1 ephemeral 60999 32768", "ip_local_port_range on n1='60999 32768'"),
+        ("n1 reserved 80,a-b", "ip_local_reserved_ports on n1='80,a-b'"),
+        ("n1 weird 1", "unknown kind 'weird'"),
+        ("n1", "'n1'"),
+    ],
+)
+def test_unreadable_probe_output_is_an_error_quoting_it(text: str, fragment: str) -> None:
+    with pytest.raises(ProbeError) as info:
+        parse_reports(text)
+    assert fragment in str(info.value)
+
+
+def test_a_node_that_did_not_answer_is_named() -> None:
+    reports = parse_reports("n1 busy\n")
+    with pytest.raises(ProbeError, match=r"no answer from 1 of 2 nodes.*n2"):
+        check_answered(reports, ["n1", "n2"])
+    check_answered(reports, ["n1"])
+
+
+def test_the_probe_runs_and_reports_this_node(tmp_path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "eray_provider.port_probe", "1", "2"],
+        capture_output=True,
+        text=True,
+        env={"SLURMD_NODENAME": "nodeX", "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    report = parse_reports(out.stdout)["nodeX"]
+    assert report.ephemeral is None or report.ephemeral[0] <= report.ephemeral[1]
+    bad = subprocess.run(
+        [sys.executable, "-m", "eray_provider.port_probe", "80x"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "'80x'" in bad.stderr
+
+
+class _State:
+    cluster_name = "c1"
+
+    def __init__(self) -> None:
+        self.saved = None
+
+    def ports(self):
+        return self.saved
+
+    def save_ports(self, plan) -> None:
+        self.saved = plan
+
+
+def _fake_srun(monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, set[int]]):
+    calls: list[list[int]] = []
+
+    def run(argv, **kwargs):
+        ports = [int(p) for p in argv[argv.index("eray_provider.port_probe") + 1 :]]
+        calls.append(ports)
+        lines = []
+        for node, (lo, hi) in ranges.items():
+            lines += format_report(
+                NodeReport(node, tuple(p for p in ports if p in busy.get(node, ())), (lo, hi))
+            )
+        return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
+
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    return calls
+
+
+LAUNCHER = [Excluded(32768, 60999, "ip_local_port_range", soft=True), Excluded(60001, 63000, "SrunPortRange")]
+ALLOC = Allocation("5123", (NodeShare("n1", 2), NodeShare("n2", 2)))
+
+
+def test_nodes_like_the_launcher_take_one_probe(monkeypatch) -> None:
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    first = candidates("5123", LAUNCHER)[0]
+    calls = _fake_srun(monkeypatch, {"n1": (32768, 60999), "n2": (32768, 60999)}, {"n2": {first.gcs}})
+    state = _State()
+    plan = launch.ensure_port_plan(state, ALLOC, "python")
+    assert len(calls) == 1 and state.saved == plan == candidates("5123", LAUNCHER)[1]
+
+
+def test_a_node_with_a_wide_range_moves_the_plan_and_a_second_probe_checks_it(monkeypatch) -> None:
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    calls = _fake_srun(monkeypatch, {"n1": (32768, 60999), "n2": (9000, 65499)}, {})
+    plan = launch.ensure_port_plan(_State(), ALLOC, "python")
+    # n2's own range (not the launcher's) decides: the plan lies in it, was probed, and
+    # avoids SrunPortRange; the launcher's first guess (below 32768) was inside n2's range
+    node_view = [LAUNCHER[1], Excluded(32768, 60999, soft=True), Excluded(9000, 65499, soft=True)]
+    assert plan == candidates("5123", node_view)[0]
+    assert len(calls) == 2 and set(plan.all_ports()) <= set(calls[0]) | set(calls[1])
+    assert all(not 60001 <= p <= 63000 for p in plan.all_ports())
