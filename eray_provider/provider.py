@@ -32,7 +32,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import Allocation, AllocationError, JobGoneError
 from .cluster_config import FILLED, fill_config, gone_config
-from .cluster_state import ClusterState
+from .cluster_state import ClusterState, ClusterStoppingError
 from .command_runner import SrunCommandRunner
 from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
 from .launch import (
@@ -44,7 +44,7 @@ from .launch import (
     teardown,
 )
 from .process_identity import signal_command
-from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, clean_env, job_state, list_steps, srun_argv
 
@@ -54,6 +54,8 @@ STEP_CACHE_SECONDS = 5.0
 #: The step list before squeue has answered once: launched nodes count as alive, because
 #: a failed squeue is not SLURM saying they ended (a second head would follow).
 UNKNOWN: dict[str, str] = {}
+#: Seconds the srun that signals one node's process may take.
+SIGNAL_TIMEOUT = 60.0
 #: How long a node also answers to the tags a racing create_node asked for.
 REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
@@ -84,6 +86,7 @@ class SlurmNodeProvider(NodeProvider):
         self.job_id = job_id
         self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
         self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
+        self._steps_error: SlurmCommandError | None = None
         self._alive_cache: tuple[tuple, list[str], frozenset[str]] | None = None
 
     @staticmethod
@@ -170,8 +173,10 @@ class SlurmNodeProvider(NodeProvider):
         if time.monotonic() - stamp > STEP_CACHE_SECONDS:
             try:
                 steps = list_steps(self.job_id)
+                self._steps_error = None
             except SlurmCommandError as e:
                 logger.warning("squeue failed, keeping the last step list: %s", e)
+                self._steps_error = e
             self._steps = (time.monotonic(), steps)
         return steps
 
@@ -272,7 +277,10 @@ class SlurmNodeProvider(NodeProvider):
             raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
         wanted = list(node_config.get("slurm_nodes") or [])
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
-            self._create_head(wanted[0], tags)
+            try:
+                self._create_head(wanted[0], tags)
+            except ClusterStoppingError as e:
+                cli_logger.abort(str(e))  # `ray up` of a cluster whose `ray down` did not finish
             return None
         self._create_workers(wanted, tags, count)
         return None
@@ -318,7 +326,7 @@ class SlurmNodeProvider(NodeProvider):
         rec = self._records()[node_id]
         try:
             address = launch_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
-        except LaunchError as e:
+        except (LaunchError, ClusterStoppingError) as e:
             cli_logger.abort(str(e))
         logger.info("head %s alive at %s", node_id, address)
 
@@ -373,14 +381,21 @@ class SlurmNodeProvider(NodeProvider):
         slurm_node = (self.state.read_marker(node_id, "tmpdir") or "").partition(" ")[0]
         if command is None or not slurm_node:
             return
-        argv = srun_argv(job_id or self.job_id, [slurm_node], command)
-        proc = subprocess.run(
-            argv,
-            env=clean_env(os.environ),
-            capture_output=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        job = job_id or self.job_id
+        argv = srun_argv(job, [slurm_node], command, immediate=slurm_timeout())
+        try:
+            proc = subprocess.run(
+                argv,
+                env=clean_env(os.environ),
+                capture_output=True,
+                timeout=SIGNAL_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise SlurmCommandError(
+                f"stopping node {node_id}: the srun to {slurm_node} (job {job}) did not end within "
+                f"{SIGNAL_TIMEOUT:.0f} s"
+            ) from e
         if proc.returncode == 3:
             logger.info("node %s: its recorded process has already ended; nothing signalled", node_id)
 

@@ -1,0 +1,172 @@
+"""A flaky controller on the real test bed: SLURM commands that fail or answer late
+(``fault_injection``, first on PATH of ``ray up``/``ray down``, the head's autoscaler and
+the srun clients). Nothing may be orphaned, no state deleted while steps run, no second
+head started, and a controller that stays down is a clear error.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from fault_injection import FaultyCommands
+from ray_cluster_support import VENV_BIN, Cluster, cluster_pids, wait_gone
+from test_batch_live import wait_done
+from testbed_support import REPO, Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+SOCKET_TIMEOUT = "slurm_load_jobs error: Socket timed out on send/recv operation"
+
+
+@pytest.fixture
+def faults():
+    # under the checkout, which the test bed's nodes share (their /tmp is private), so the
+    # head's autoscaler and the srun clients on the nodes see the same wrappers and rules
+    root = REPO / ".test-output" / f"faults-{uuid.uuid4().hex[:8]}"
+    fc = FaultyCommands(root)
+    fc.install()
+    yield fc
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def job(testbed: Testbed):
+    job = testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-faults")
+    yield job
+    testbed.cancel(job)
+
+
+def our_steps(testbed: Testbed, job: str, cluster: str) -> list[str]:
+    out = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
+    return [name for name in out if name.startswith(f"eray.{cluster}.")]
+
+
+def faulty_cluster(testbed: Testbed, job: str, tmp_path, name: str, faults: FaultyCommands) -> Cluster:
+    cluster = Cluster(testbed, job, tmp_path, name)
+    cluster.env = faults.env(cluster.env)
+    # short tries so a controller that stays down is reported in seconds, not minutes
+    cluster.env.update(ERAY_SLURM_TIMEOUT="5", ERAY_SLURM_ATTEMPTS="3")
+    return cluster
+
+
+def test_a_flaky_controller_loses_no_state_and_starts_no_second_head(testbed, job, tmp_path, faults) -> None:
+    cluster = faulty_cluster(testbed, job, tmp_path, "flaky", faults)
+    try:
+        # every SLURM read of `ray up` fails twice before it answers: retried, not a verdict
+        faults.fail("squeue", times=2)
+        faults.fail("scontrol", times=2)
+        cluster.up()
+        assert len(faults.faulted("squeue")) == 2 and len(faults.faulted("scontrol")) == 2
+        cluster.wait_nodes(3)
+        steps = our_steps(testbed, job, "flaky")
+        assert sorted(s.split(".")[2] for s in steps) == ["head", "workers"], steps
+
+        # the head's autoscaler rounds while squeue fails: no node is taken for dead
+        mark = faults.mark()
+        faults.always_fail("squeue", match=" -s")
+        time.sleep(25)  # five of the provider's 5 s squeue periods, several autoscaler rounds
+        assert faults.faulted("squeue", since=mark), "the autoscaler never listed steps"
+        launches = [c for c in faults.calls("srun", since=mark) if "workers" in " ".join(c.argv)]
+        assert launches == [], "a worker was relaunched while squeue gave no answer"
+
+        # a second `ray up` whose first (and every) step listing fails: the launched head is
+        # not taken for dead, so no second head starts
+        cluster.up()
+        assert our_steps(testbed, job, "flaky") == steps
+        heads = [r for r in cluster_records(cluster) if r["role"] == "head"]
+        assert len(heads) == 1, heads
+
+        # `ray down` while squeue stays down: an error, the state and the steps are kept
+        down = cluster.down(check=False)
+        assert down.returncode != 0
+        assert "squeue" in down.stdout + down.stderr and SOCKET_TIMEOUT in down.stdout + down.stderr
+        assert cluster.state_dir.exists()
+        assert our_steps(testbed, job, "flaky") == steps
+        # and the cluster, being stopped, launches nothing new
+        refused = cluster.ray("up", "-y", str(cluster.config), check=False)
+        assert refused.returncode != 0 and "being stopped" in refused.stdout + refused.stderr
+
+        # the controller answers again: the next `ray down` finishes the job
+        faults.clear()
+        faults.fail("scancel", times=2)  # and a flaky scancel is retried
+        cluster.down()
+        assert len(faults.faulted("scancel")) == 2
+        assert our_steps(testbed, job, "flaky") == []
+        assert wait_gone(job, "flaky") == []
+        assert not cluster.state_dir.exists()
+    finally:
+        faults.clear()
+        cluster.down(check=False)
+
+
+def cluster_records(cluster: Cluster) -> list[dict]:
+    import json
+
+    return list(json.loads((cluster.state_dir / "state.json").read_text())["nodes"].values())
+
+
+def test_ray_down_while_workers_launch_leaves_no_step(testbed, job, tmp_path, faults) -> None:
+    cluster = faulty_cluster(testbed, job, tmp_path, "racing", faults)
+    # the workers' srun (started by the head's autoscaler) reaches the controller 10 s late:
+    # `ray down` runs while it is in flight, before squeue can list its step
+    faults.hang("srun", times=1, seconds=10, then="real", match="workers")
+    up = subprocess.Popen(
+        ["ray", "up", "-y", str(cluster.config)],
+        env=cluster.env,
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not faults.faulted("srun"):
+            assert up.poll() in (None, 0), "ray up failed"
+            time.sleep(0.2)
+        assert faults.faulted("srun"), "the workers were never launched"
+        down = cluster.down(check=False)
+        assert down.returncode == 0, down.stdout + down.stderr
+        time.sleep(12)  # past the late srun: its step, if it ever ran, would be listed now
+        assert our_steps(testbed, job, "racing") == []
+        assert wait_gone(job, "racing") == []
+        assert not cluster.state_dir.exists()
+    finally:
+        up.wait(timeout=300)
+        faults.clear()
+        cluster.down(check=False)
+
+
+def test_eray_provider_run_rides_out_a_flaky_controller(testbed, faults) -> None:
+    out = faults.root / "run.out"
+    env = faults.env(dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}"))
+    env.pop("SLURM_JOB_ID", None)
+    env.update(ERAY_SLURM_TIMEOUT="5", ERAY_SLURM_ATTEMPTS="3")
+    # SLURM's reads fail now and then while the batch job builds and tears down its cluster
+    faults.fail("squeue", times=4)
+    faults.fail("scontrol", times=1, match="show job")
+    faults.fail("scancel", times=2)
+    proc = testbed.run(
+        [
+            "sbatch",
+            f"--output={out}",
+            "--chdir",
+            str(REPO),
+            "examples/sbatch-ray.sh",
+            "tests/drivers/batch_driver.py",
+        ],
+        env=env,
+    )
+    job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    code = wait_done(testbed, job)
+    text = out.read_text()
+    assert code == "0", text[-3000:]
+    assert "PSUM 6.0 6.0 6.0" in text and "cluster stopped" in text, text[-3000:]
+    assert len(faults.faulted("squeue")) == 4 and len(faults.faulted("scancel")) == 2, text[-3000:]
+    assert len(faults.faulted("scontrol")) == 1
+    assert cluster_pids(job, "run") == []
+    assert not (Path.home() / ".eray-provider" / f"run-{job}").exists()
