@@ -18,11 +18,14 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 
-__all__ = ["MAX_NAMES", "HostlistError", "compress", "expand", "expand_counts"]
+__all__ = ["MAX_NAMES", "MAX_RANGE", "HostlistError", "compress", "expand", "expand_counts"]
 
 #: Upper bound on the names one expression may expand to; a typo such as
 #: ``n[1-1000000000]`` must fail fast instead of exhausting memory.
 MAX_NAMES = 1_000_000
+#: Slurm's ``MAX_RANGE``: one ``lo-hi`` range of more hosts is refused by Slurm ("Too many
+#: hosts in range"), so a name list we accept is one Slurm accepts too.
+MAX_RANGE = 64 * 1024
 
 _SEPARATORS = frozenset(", \t\n")
 _NUMBER = re.compile(r"\d+")
@@ -81,7 +84,7 @@ def _parse_ranges(expr: str, offset: int, body: str) -> list[tuple[int, int, int
         for lo_text, hi_text in _ITEM.findall(body):
             lo = int(lo_text)
             hi = int(hi_text) if hi_text else lo
-            if lo > hi:
+            if lo > hi or hi - lo >= MAX_RANGE:
                 break
             ranges.append((lo, hi, len(lo_text)))
         else:
@@ -94,8 +97,15 @@ def _parse_ranges(expr: str, offset: int, body: str) -> list[tuple[int, int, int
             raise HostlistError(expr, pos, "empty range")
         if not _NUMBER.fullmatch(lo_text) or (dash and not _NUMBER.fullmatch(hi_text)):
             raise HostlistError(expr, pos, f"range {item!r} is not a number or lo-hi")
-        if int(lo_text) > int(hi_text or lo_text):
+        lo, hi = int(lo_text), int(hi_text or lo_text)
+        if lo > hi:
             raise HostlistError(expr, pos, f"range {item!r} has lo > hi")
+        if hi - lo + 1 > MAX_RANGE:
+            raise HostlistError(
+                expr,
+                pos,
+                f"range {item!r} has {hi - lo + 1} hosts, more than Slurm's {MAX_RANGE} in one range",
+            )
         pos += len(item) + 1
     raise AssertionError(f"unreachable: {body!r}")
 

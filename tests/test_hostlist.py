@@ -10,7 +10,7 @@ from hostlist_cases import expression, names
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eray_provider.hostlist import MAX_NAMES, HostlistError, compress, expand, expand_counts
+from eray_provider.hostlist import MAX_NAMES, MAX_RANGE, HostlistError, compress, expand, expand_counts
 
 # Captured from scontrol show hostnames (Slurm 22.05.8).
 SCONTROL_HOSTNAMES = {
@@ -106,7 +106,16 @@ def test_cap_on_names() -> None:
         expand(f"n[1-{MAX_NAMES + 1}]")
     with pytest.raises(HostlistError, match="more than"):
         expand("a[1-1000]b[1-1001]")
-    assert len(expand(f"n[1-{MAX_NAMES}]")) == MAX_NAMES
+    assert len(expand("a[1-1000]b[1-1000]")) == MAX_NAMES
+
+
+def test_one_range_of_more_than_65536_hosts_is_refused_as_slurm_does() -> None:
+    assert len(expand(f"n[1-{MAX_RANGE}]")) == MAX_RANGE == 65536
+    with pytest.raises(HostlistError) as info:
+        expand(f"a1,n[5,0-{MAX_RANGE}]")
+    assert info.value.position == 7 and f"range '0-{MAX_RANGE}' has 65537 hosts" in str(info.value)
+    # many ranges adding up to more are fine, as in Slurm
+    assert len(expand(f"n[1-{MAX_RANGE}],m[1-{MAX_RANGE}]")) == 2 * MAX_RANGE
 
 
 def test_expand_counts() -> None:
