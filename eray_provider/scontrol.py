@@ -9,6 +9,7 @@ GRES=...``) rather than the job-wide totals.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, parse_gpu_spec
 from .hostlist import HostlistError, expand
@@ -73,12 +74,76 @@ def parse_fields(record: str) -> dict[str, str]:
     return fields
 
 
-def parse_job(text: str) -> Allocation:
-    """An ``Allocation`` from ``scontrol show job -d <id>`` output (one or more records)."""
+def _this_job(
+    parsed: list[tuple[dict[str, str], str]], job_id: str | None
+) -> list[tuple[dict[str, str], str]]:
+    """The records of one job: ``scontrol show job <array job id>`` lists every task of the
+    array (each its own job, ``JobId=`` differing, ``ArrayJobId=`` shared), a heterogeneous
+    job one record per component (``HetJobId=`` shared). Records of other jobs are dropped:
+    merging them would hand one job the nodes of its sibling tasks."""
+    if job_id is not None:
+        job = str(job_id)
+        array, _, task = job.partition("_")
+        mine = [
+            (f, r)
+            for f, r in parsed
+            if job in (f.get("JobId"), f.get("HetJobId"))
+            or (task and f.get("ArrayJobId") == array and f.get("ArrayTaskId") == task)
+        ]
+        if not mine:
+            ids = ", ".join(f.get("JobId", "?") for f, _ in parsed)
+            raise AllocationError(f"scontrol printed no record of job {job} (JobId={ids})")
+        return mine
+    het = parsed[0][0].get("HetJobId")
+    if het:
+        return [(f, r) for f, r in parsed if f.get("HetJobId") == het]
+    if len({f.get("JobId") for f, _ in parsed}) == 1:
+        return parsed
+    # an array job asked by its ArrayJobId: that job is the task whose JobId equals it
+    mine = [(f, r) for f, r in parsed if f.get("ArrayJobId") and f.get("JobId") == f.get("ArrayJobId")]
+    if len(mine) == 1:
+        return mine
+    ids = ", ".join(f.get("JobId", "?") for f, _ in parsed)
+    raise AllocationError(f"scontrol printed records of several jobs (JobId={ids}): give the job id")
+
+
+def _cpu_counts(fields: dict[str, str], job_id: str, counts: dict[str, int]) -> dict[str, int]:
+    """CPUs per node as SLURM counts them (``NumCPUs``, as ``SLURM_JOB_CPUS_PER_NODE``).
+
+    ``CPU_IDs`` lists the ids of the CPUs each node gives the job; where a node's ids
+    number hardware threads while SLURM counts cores (``ThreadsPerCore`` above 1 with
+    ``CPUs`` set to the cores), their count is a multiple of SLURM's. The record's
+    ``NumCPUs`` is SLURM's total: the counts are divided by the one factor that makes
+    them add up to it; counts that no factor reconciles are an error naming both fields.
+    """
+    num = fields.get("NumCPUs", "")
+    total = sum(counts.values())
+    if not num.isdigit() or int(num) == total or not counts:
+        return counts
+    want = int(num)
+    if want and total % want == 0 and all(c % (total // want) == 0 for c in counts.values()):
+        factor = total // want
+        return {name: c // factor for name, c in counts.items()}
+    if len(counts) == 1 and want:
+        return {name: want for name in counts}
+    detail = ", ".join(f"{n}: {c}" for n, c in counts.items())
+    raise AllocationError(
+        f"job {job_id}: NumCPUs={num!r} disagrees with the CPU_IDs of its nodes ({detail}, {total} "
+        "in all), and no one factor (threads per core) reconciles them"
+    )
+
+
+def parse_job(text: str, job_id: str | None = None) -> Allocation:
+    """An ``Allocation`` from ``scontrol show job -d <id>`` output (one or more records).
+
+    ``job_id``: the job asked for; with several jobs' records (an array job) only its own
+    are read. Without it, an array's records resolve to the task whose ``JobId`` is the
+    ``ArrayJobId`` (the job ``scontrol show job <ArrayJobId>`` was asked about).
+    """
     records = _records(text)
     if not records:
         raise AllocationError("scontrol printed no job record")
-    parsed = [(parse_fields(r), r) for r in records]
+    parsed = _this_job([(parse_fields(r), r) for r in records], job_id)
     # heterogeneous components in offset order
     parsed.sort(key=lambda fr: int(fr[0].get("HetJobOffset", "0") or 0))
     first = parsed[0][0]
@@ -89,6 +154,7 @@ def parse_job(text: str) -> Allocation:
     nodes: dict[str, NodeShare] = {}
     for fields, record in parsed:
         state = fields.get("JobState", "")
+        shares: list[NodeShare] = []
         for line in record.splitlines():
             line_fields = parse_fields(line)
             if "CPU_IDs" not in line_fields or "Nodes" not in line_fields:
@@ -100,19 +166,23 @@ def parse_job(text: str) -> Allocation:
             cpus = len(_int_list(line_fields["CPU_IDs"]))
             memory = _memory_mb(line_fields.get("Mem", "0"))
             gpu_type, gpus, ids = _gres_gpus(line_fields.get("GRES", ""))
-            for name in names:
-                share = NodeShare(name, cpus, gpus, gpu_type if gpus else None, memory, ids)
-                prev = nodes.get(name)
-                if prev is not None:  # the same node in two components
-                    share = NodeShare(
-                        name,
-                        prev.cpus + cpus,
-                        prev.gpus + gpus,
-                        prev.gpu_type or share.gpu_type,
-                        None if prev.memory_mb is None or memory is None else prev.memory_mb + memory,
-                        None,
-                    )
-                nodes[name] = share
+            shares += [NodeShare(name, cpus, gpus, gpu_type if gpus else None, memory, ids) for name in names]
+        counts = _cpu_counts(fields, job_id, {s.name: s.cpus for s in shares})
+        for share in shares:
+            share = replace(share, cpus=counts[share.name])
+            prev = nodes.get(share.name)
+            if prev is not None:  # the same node in two components
+                share = NodeShare(
+                    share.name,
+                    prev.cpus + share.cpus,
+                    prev.gpus + share.gpus,
+                    prev.gpu_type or share.gpu_type,
+                    None
+                    if prev.memory_mb is None or share.memory_mb is None
+                    else prev.memory_mb + share.memory_mb,
+                    None,
+                )
+            nodes[share.name] = share
         if not nodes and state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
             # a pending or ended job holds no nodes: say so rather than fail obscurely
             err = JobGoneError if state not in ("PENDING", "CONFIGURING", "") else AllocationError

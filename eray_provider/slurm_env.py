@@ -18,6 +18,22 @@ JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 #: ``SLURM_NODELIST`` first: a step started from outside with ``-w`` sees only its own
 #: nodes in ``SLURM_JOB_NODELIST`` but the job's in ``SLURM_NODELIST``.
 NODELIST_VARIABLES = ("SLURM_NODELIST", "SLURM_JOB_NODELIST")
+#: Set by srun for the tasks of a step and never in the batch script or an salloc shell
+#: (both of which also have ``SLURM_PROCID=0`` and the job's node list).
+STEP_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE")
+#: Node counts of the job, checked against its node list outside srun steps.
+NODE_COUNT_VARIABLES = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+
+
+def in_srun_step(env: Mapping[str, str]) -> bool:
+    """True in a task of an srun step; False in the batch step and in an salloc shell.
+
+    Decided by the variables only srun sets (``STEP_VARIABLES``), not by ``SLURM_PROCID``
+    (0 in the batch script too) nor by ``SLURM_STEP_ID``, whose presence in batch steps
+    varies with the Slurm version. In a step some job-level names (``SLURM_NNODES``,
+    ``SLURM_TASKS_PER_NODE``, ``SLURM_JOB_NODELIST`` for steps started from outside)
+    describe the step instead of the job."""
+    return any(var in env for var in STEP_VARIABLES)
 
 
 def job_id_from_env(env: Mapping[str, str]) -> str | None:
@@ -69,6 +85,16 @@ def _component(env: Mapping[str, str], suffix: str, label: str) -> list[NodeShar
         raise AllocationError(f"{var}={value!r}: {e.reason} (position {e.position})") from e
     if not names:
         raise AllocationError(f"{var}={value!r} names no node")
+    if not in_srun_step(env):
+        # in a step these may count the step's nodes, not the job's: checked only where
+        # Slurm sets them all for the job (batch script, salloc shell)
+        for count_name in NODE_COUNT_VARIABLES:
+            count_var = count_name + suffix
+            if count_var in env and _int(count_var, env[count_var]) != len(names):
+                raise AllocationError(
+                    f"{count_var}={env[count_var]!r} disagrees with {var}={value!r}, "
+                    f"which names {len(names)} nodes"
+                )
 
     cpus_var = "SLURM_JOB_CPUS_PER_NODE" + suffix
     if cpus_var not in env:
@@ -83,33 +109,81 @@ def _component(env: Mapping[str, str], suffix: str, label: str) -> list[NodeShar
             f"has {len(names)} nodes"
         )
 
-    gpu_type, gpus = _gpus(env, suffix)
+    gpu_type, gpus = _gpus(env, suffix, var, value, len(names))
     mem = _memory(env, suffix)
     nodes = []
-    for name, ncpu in zip(names, cpus):
+    for name, ncpu, ngpu in zip(names, cpus, gpus):
         memory_mb = None
         if mem is not None:
             kind, amount = mem
-            memory_mb = {"node": amount, "cpu": amount * ncpu, "gpu": amount * gpus}[kind] or None
-        nodes.append(NodeShare(name, ncpu, gpus, gpu_type if gpus else None, memory_mb))
+            memory_mb = {"node": amount, "cpu": amount * ncpu, "gpu": amount * ngpu}[kind] or None
+        nodes.append(NodeShare(name, ncpu, ngpu, gpu_type if ngpu else None, memory_mb))
     return nodes
 
 
-def _gpus(env: Mapping[str, str], suffix: str) -> tuple[str | None, int]:
+_ASK_SCONTROL = "read the job with scontrol (run where scontrol reaches the controller)"
+
+
+def _gpus(
+    env: Mapping[str, str], suffix: str, list_var: str, list_value: str, count: int
+) -> tuple[str | None, list[int]]:
+    """GPU type and count of every node, in node-list order.
+
+    ``SLURM_GPUS_ON_NODE`` describes only the node (and step) where it is read. It stands
+    for every node only when nothing else was requested than a per-node count
+    (``--gres=gpu:N``), or when the job has one node: a job asked for ``--gpus=N``, per task
+    or per socket gets counts that differ between nodes, which are computed here when the
+    variables say them (per task, outside a step) and refused otherwise, never guessed.
+    """
     per_node = "SLURM_GPUS_PER_NODE" + suffix
     if per_node in env:
-        return parse_gpu_spec(env[per_node], per_node)
+        gpu_type, n = parse_gpu_spec(env[per_node], per_node)
+        return gpu_type, [n] * count
     on_node = "SLURM_GPUS_ON_NODE" + suffix
-    if on_node in env:
-        # --gres=gpu:N gives every node the same N; this is the only per-node count then.
-        return None, _int(on_node, env[on_node])
+    here = _int(on_node, env[on_node]) if on_node in env else None
+    per_task = "SLURM_GPUS_PER_TASK" + suffix
+    if per_task in env:
+        gpu_type, n = parse_gpu_spec(env[per_task], per_task)
+        tasks_var = "SLURM_TASKS_PER_NODE" + suffix
+        if tasks_var in env and not in_srun_step(env):
+            try:
+                tasks = expand_counts(env[tasks_var])
+            except HostlistError as e:
+                raise AllocationError(f"{tasks_var}={env[tasks_var]!r}: {e.reason}") from e
+            if len(tasks) != count:
+                raise AllocationError(
+                    f"{tasks_var}={env[tasks_var]!r} gives {len(tasks)} counts but {list_var}={list_value!r} "
+                    f"has {count} nodes"
+                )
+            return gpu_type, [n * t for t in tasks]
+        if count == 1 and here is not None:
+            return gpu_type, [here]
+        why = "in an srun step" if tasks_var in env else f"{tasks_var} is not set"
+        raise AllocationError(
+            f"{per_task}={env[per_task]!r}: GPUs per node follow the tasks per node, which this "
+            f"environment does not give for the job ({why}); {_ASK_SCONTROL}"
+        )
     total = "SLURM_GPUS" + suffix
     if total in env:
+        gpu_type, n = parse_gpu_spec(env[total], total)
+        if count == 1:
+            return gpu_type, [n]
         raise AllocationError(
-            f"{total}={env[total]!r} does not say how the GPUs are spread over the nodes; "
-            "read the job with scontrol (run where scontrol reaches the controller)"
+            f"{total}={env[total]!r} does not say how the GPUs are spread over the {count} nodes "
+            f"of {list_var}={list_value!r}; {_ASK_SCONTROL}"
         )
-    return None, 0
+    per_socket = "SLURM_GPUS_PER_SOCKET" + suffix
+    if per_socket in env and count > 1:
+        raise AllocationError(
+            f"{per_socket}={env[per_socket]!r}: GPUs per node follow the sockets each node gives "
+            f"the job, which the environment does not say; {_ASK_SCONTROL}"
+        )
+    if here is not None:
+        # --gres=gpu:N gives every node the same N; this is the only per-node count then.
+        return None, [here] * count
+    if per_socket in env:
+        raise AllocationError(f"{per_socket}={env[per_socket]!r} without {on_node}; {_ASK_SCONTROL}")
+    return None, [0] * count
 
 
 def _memory(env: Mapping[str, str], suffix: str) -> tuple[str, int] | None:

@@ -77,8 +77,10 @@ def test_gpus_on_node_and_mem_per_gpu() -> None:
 
 
 def test_total_gpus_without_layout_is_an_error() -> None:
-    with pytest.raises(AllocationError, match="SLURM_GPUS='8'"):
-        allocation_from_env(env(SLURM_GPUS="8"))
+    with pytest.raises(AllocationError, match=r"SLURM_GPUS='8' does not say .* over the 2 nodes"):
+        allocation_from_env(env(SLURM_GPUS="8", SLURM_JOB_NODELIST="n[1-2]", SLURM_JOB_CPUS_PER_NODE="4(x2)"))
+    # one node holds them all
+    assert shares(allocation_from_env(env(SLURM_GPUS="a100:8"))) == [("n1", 4, 8, "a100", None)]
 
 
 def test_heterogeneous_job_from_real_salloc() -> None:
