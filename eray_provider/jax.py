@@ -168,9 +168,105 @@ def is_initialized() -> bool:
 
 
 def group_port(group: str) -> int:
-    """The JAX port of a named group of hook-initialized actors, derived from the job id."""
+    """The preferred JAX port of a named group of hook-initialized actors (from its name);
+    ``reserve_group_port`` takes the next free one when another group holds it."""
     ports = jax_ports()
     return ports[zlib.crc32(group.encode()) % len(ports)]
+
+
+#: A hook group's reservation is never reclaimed younger than this (seconds): rank 0 has
+#: reserved the port but JAX's coordination service may not listen on it yet.
+HOOK_GRACE = 120.0
+
+
+def _port_key(port: int) -> str:
+    """The GCS key that holds one JAX port of the job, shared by both kinds of groups."""
+    return _KV_PORT.format(job=os.environ.get("ERAY_JOB_ID", "local"), port=port)
+
+
+def _reserve(
+    ports: Sequence[int],
+    start: int,
+    owner: str,
+    put: Callable[..., bool],
+    get: Callable[[str], bytes | None],
+    stale: Callable[[str, int], bool],
+) -> int | None:
+    """The first port from ``ports[start]`` on (wrapping round) this ``owner`` now holds.
+
+    ``put(key, value, overwrite=False)`` is the GCS's atomic put (True: the key existed);
+    a held port is reclaimed when ``stale(holder, port)`` says its group is gone. None: every
+    port is held by a live group."""
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        key = _port_key(port)
+        if not put(key, owner, overwrite=False):
+            return port
+        held = (get(key) or b"").decode()
+        if held != owner and stale(held, port):
+            put(key, owner, overwrite=True)
+            # two reclaimers racing: the later write wins, the other moves on
+            if (get(key) or b"").decode() == owner:
+                return port
+    return None
+
+
+def _coordinator_gone(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return False
+    except (OSError, ValueError):
+        return True
+
+
+def _holder_stale(held: str, port: int, now: float | None = None) -> bool:
+    """Whether the group that holds ``port`` is gone. A ``ProcessGroup`` (``<id> <pg id>``)
+    is gone with its placement group; a hook group (``hook <ip> <time> <group>``),
+    which nothing shuts down, when its reservation is older than ``HOOK_GRACE`` and its
+    coordination service no longer accepts connections."""
+    parts = held.split(maxsplit=3)  # a group's name may hold spaces: it comes last
+    if len(parts) == 2:
+        from ray.util import placement_group_table
+
+        return placement_group_table().get(parts[1], {}).get("state") in (None, "REMOVED")
+    if len(parts) == 4 and parts[0] == "hook":
+        try:
+            since = float(parts[2])
+        except ValueError:
+            return False
+        if (time.time() if now is None else now) - since < HOOK_GRACE:
+            return False
+        return _coordinator_gone(f"{parts[1]}:{port}")
+    return False
+
+
+def reserve_group_port(group: str, ip: str) -> int:
+    """The JAX port of a hook group, reserved in the GCS as ``ProcessGroup`` reserves its
+    own: two groups whose names hash alike, or a hook group and a ``ProcessGroup``, never
+    share a port while both live. Starts at ``group_port(group)``; released at rank 0's
+    exit where it exits normally, else reclaimed once its coordinator is gone."""
+    import atexit
+
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_put
+
+    ports = jax_ports()
+    owner = f"hook {ip} {time.time():.0f} {group}"
+    start = zlib.crc32(group.encode()) % len(ports)
+    port = _reserve(ports, start, owner, _internal_kv_put, _internal_kv_get, _holder_stale)
+    if port is not None:
+        key = _port_key(port)
+
+        def release() -> None:
+            try:
+                if (_internal_kv_get(key) or b"").decode() == owner:
+                    _internal_kv_del(key)
+            except Exception:  # Ray already disconnected
+                pass
+
+        atexit.register(release)
+        return port
+    raise GroupError(f"all {len(ports)} JAX ports of the job are held by live groups (group {group!r})")
 
 
 def actor_options(
@@ -205,7 +301,8 @@ def initialize_from_env() -> bool:
     if rank == 0:
         import ray
 
-        address = f"{ray.util.get_node_ip_address()}:{group_port(group)}"
+        ip = ray.util.get_node_ip_address()
+        address = f"{ip}:{reserve_group_port(group, ip)}"
         _internal_kv_put(key, address, overwrite=True)
     else:
         deadline = time.monotonic() + timeout
@@ -431,24 +528,17 @@ class ProcessGroup:
         return GroupError(f"rank {rank} on node {node} {what}", rank, node)
 
     def _port_key(self, port: int) -> str:
-        return _KV_PORT.format(job=os.environ.get("ERAY_JOB_ID", "local"), port=port)
+        return _port_key(port)
 
     def _reserve_port(self) -> int:
         """A JAX port of the job's range no other live group holds (atomic GCS put)."""
         from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
-        from ray.util import placement_group_table
 
-        for port in jax_ports():
-            key = self._port_key(port)
-            owner = f"{self.id} {self.pg.id.hex()}"
-            if not _internal_kv_put(key, owner, overwrite=False):
-                return port
-            held = (_internal_kv_get(key) or b"").decode().split()
-            # reclaim a port whose group's placement group is gone (a crashed driver)
-            if len(held) == 2 and placement_group_table().get(held[1], {}).get("state") in (None, "REMOVED"):
-                _internal_kv_put(key, owner, overwrite=True)
-                return port
-        raise GroupError(f"all {len(jax_ports())} JAX ports of the job are held by live groups")
+        owner = f"{self.id} {self.pg.id.hex()}"
+        port = _reserve(jax_ports(), 0, owner, _internal_kv_put, _internal_kv_get, _holder_stale)
+        if port is None:
+            raise GroupError(f"all {len(jax_ports())} JAX ports of the job are held by live groups")
+        return port
 
 
 def run(

@@ -75,3 +75,92 @@ def test_hook_merges_and_never_drops_user_settings(monkeypatch) -> None:
     assert runtime_env_hook(None)["worker_process_setup_hook"] == SETUP_HOOK
     monkeypatch.setenv("ERAY_JAX_ENV", "not json")
     assert runtime_env_hook({})["env_vars"] == {}
+
+
+# ---------------------------------------------------------------- hook groups reserve their port (#13 item 7)
+
+
+class FakeKV:
+    """The GCS internal KV as Ray's ``_internal_kv_put`` sees it: put returns whether the key existed."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def put(self, key, value, overwrite=True):
+        existed = key in self.data
+        if overwrite or not existed:
+            self.data[key] = value.encode() if isinstance(value, str) else value
+        return existed
+
+    def get(self, key):
+        return self.data.get(key)
+
+    def delete(self, key):
+        self.data.pop(key, None)
+
+
+def _alike_names() -> tuple[str, str]:
+    import zlib
+
+    seen: dict[int, str] = {}
+    for i in range(1000):
+        name = f"group-{i}"
+        slot = zlib.crc32(name.encode()) % 16
+        if slot in seen:
+            return seen[slot], name
+        seen[slot] = name
+    raise AssertionError("unreachable")
+
+
+def test_two_hook_groups_whose_names_hash_alike_get_different_ports(monkeypatch) -> None:
+    import atexit
+
+    from ray.experimental import internal_kv
+
+    kv = FakeKV()
+    monkeypatch.setattr(internal_kv, "_internal_kv_put", kv.put)
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", kv.get)
+    monkeypatch.setattr(internal_kv, "_internal_kv_del", kv.delete)
+    exits: list = []
+    monkeypatch.setattr(atexit, "register", exits.append)
+    monkeypatch.setenv("ERAY_JAX_PORTS", "20240:16")
+    monkeypatch.setenv("ERAY_JOB_ID", "77")
+    a, b = _alike_names()
+    assert ejax.group_port(a) == ejax.group_port(b)  # what both used before
+    port_a = ejax.reserve_group_port(a, "10.0.0.1")
+    port_b = ejax.reserve_group_port(b, "10.0.0.2")
+    assert port_a == ejax.group_port(a) and port_b != port_a and port_b in range(20240, 20256)
+    assert kv.get(f"eray-jax-port/77/{port_a}").decode().startswith("hook 10.0.0.1 ")
+    # rank 0's exit releases its own reservation only
+    exits[0]()
+    assert kv.get(f"eray-jax-port/77/{port_a}") is None and kv.get(f"eray-jax-port/77/{port_b}") is not None
+
+
+def test_hook_groups_and_process_groups_share_one_reservation_space() -> None:
+    kv = FakeKV()
+    held_by_process_group = ejax._port_key(20240)
+    kv.put(held_by_process_group, "abc123 pgid", overwrite=False)
+    port = ejax._reserve(
+        range(20240, 20256), 0, "hook 10.0.0.1 0 g", kv.put, kv.get, lambda held, port: False
+    )
+    assert port == 20241
+    # a stale holder (its group gone) is reclaimed
+    port = ejax._reserve(range(20240, 20242), 0, "hook 10.0.0.3 0 h", kv.put, kv.get, lambda held, port: True)
+    assert port == 20240 and kv.get(held_by_process_group) == b"hook 10.0.0.3 0 h"
+    assert ejax._reserve(range(20240, 20242), 0, "x y", kv.put, kv.get, lambda h, p: False) is None
+
+
+def test_a_hook_reservation_is_stale_only_when_old_and_its_coordinator_is_gone() -> None:
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        live = server.getsockname()[1]
+        now = 10_000.0
+        old = f"hook 127.0.0.1 {now - ejax.HOOK_GRACE - 1:.0f} my group"
+        assert not ejax._holder_stale(old, live, now=now)  # its coordinator answers
+        young = f"hook 127.0.0.1 {now - 5:.0f} my group"
+    assert not ejax._holder_stale(young, live, now=now)  # reserved, not listening yet
+    assert ejax._holder_stale(old, live, now=now)  # closed now
+    assert not ejax._holder_stale("something else entirely here", live, now=now)
