@@ -35,6 +35,7 @@ from .launch import (
 )
 from .node_spec import worker_types
 from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_env import in_srun_step
 
 DEFAULT_JOIN_TIMEOUT = 300.0
 
@@ -97,9 +98,11 @@ def run(
 ) -> int:
     if not command:
         raise ValueError("eray-provider run needs a command after --")
-    node_id_env = os.environ.get("SLURM_NODEID")
-    if os.environ.get("SLURM_STEP_ID") not in (None, "batch", "extern") and node_id_env not in (None, "0"):
-        _log(f"node {os.environ.get('SLURMD_NODENAME')}: the task on the job's first node runs the cluster")
+    # under srun (several tasks on the first node too) only the step's first task builds
+    # the cluster; the batch step is one task with SLURM_PROCID 0
+    procid = os.environ.get("SLURM_PROCID", "0")
+    if in_srun_step(os.environ) and procid != "0":
+        _log(f"task {procid} on {os.environ.get('SLURMD_NODENAME')}: the step's first task runs the cluster")
         return 0
     alloc = load_allocation()
     if alloc.state not in (None, "RUNNING"):

@@ -136,32 +136,65 @@ def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapp
 
 
 def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> PortPlan:
-    """The recorded plan, or a new one checked free on every node with one srun."""
+    """The recorded plan, or a new one checked free on every node: one srun, two when the
+    nodes' own port ranges move the job's candidates away from those first probed.
+
+    Exclusions come from the probed nodes: each reports its ephemeral range (soft: on
+    nodes with 1024-65535 the blocks inside it are the fallback, checked by this probe)
+    and its reserved ports; ``SrunPortRange`` comes from the controller's config, the same
+    for every node. The launcher's own ranges only pick what the first probe checks, since
+    ``ray up`` may run on a login node set up unlike the compute nodes."""
+    from .port_probe import ProbeError, check_answered, exclusions_from_reports, parse_reports
+    from .ports import Excluded, choose_probed, next_to_probe
+
     plan = state.ports()
     if plan is not None:
         return plan
-    exclusions = host_exclusions()
-    cands = candidates(alloc.job_id, exclusions)
-    # probe the first few candidates on every node at once
-    probe = [p for c in cands[:4] for p in c.all_ports()]
-    argv = srun_argv(
-        alloc.job_id,
-        alloc.node_names,
-        [python, "-m", "eray_provider.port_probe", *map(str, probe)],
-        name=step_name(state.cluster_name, "probe"),
-    )
-    proc = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=clean_env(os.environ),
-        stdin=subprocess.DEVNULL,
-    )
-    if proc.returncode != 0:
-        raise LaunchError(f"port probe on the job's nodes failed: {proc.stderr.strip()[-2000:]}")
-    busy = [int(p) for line in proc.stdout.splitlines() for p in line.split()[2:]]
-    plan = choose_plan(alloc.job_id, exclusions, busy)
+    batch = 4  # candidate blocks per probe: about 1,000 ports on every node
+    launcher = [e if isinstance(e, Excluded) else Excluded(*e) for e in host_exclusions()]
+    controller = [e for e in launcher if not e.soft]
+    busy: set[int] = set()
+    probed: set[int] = set()
+    reports: dict = {}
+    exclusions = launcher
+    to_probe = candidates(alloc.job_id, launcher)[:batch]
+    for _ in range(2):
+        ports = sorted({p for c in to_probe for p in c.all_ports()} - probed)
+        argv = srun_argv(
+            alloc.job_id,
+            alloc.node_names,
+            [python, "-m", "eray_provider.port_probe", *map(str, ports)],
+            name=step_name(state.cluster_name, "probe"),
+        )
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(os.environ),
+            stdin=subprocess.DEVNULL,
+        )
+        if proc.returncode != 0:
+            raise LaunchError(f"port probe on the job's nodes failed: {proc.stderr.strip()[-2000:]}")
+        try:
+            found = parse_reports(proc.stdout)
+            check_answered(found, alloc.node_names)
+        except ProbeError as e:
+            raise LaunchError(f"port probe on the job's nodes: {e}") from e
+        for node, report in found.items():
+            busy.update(report.busy)
+            reports[node] = report
+        probed.update(ports)
+        from_nodes = exclusions_from_reports(reports.values())
+        if not any(e.soft for e in from_nodes):  # no node could read its range: assume ours
+            from_nodes += [e for e in launcher if e.soft]
+        exclusions = [*controller, *from_nodes]
+        plan = choose_probed(alloc.job_id, exclusions, busy, probed)
+        if plan is not None:
+            break
+        to_probe = next_to_probe(alloc.job_id, exclusions, busy, batch)
+    else:
+        plan = choose_plan(alloc.job_id, exclusions, busy)
     state.save_ports(plan)
     return plan
 

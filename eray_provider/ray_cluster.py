@@ -34,6 +34,7 @@ from .distributed import StepLayout, step_layout
 from .launch import TeardownError, cluster_env, teardown
 from .names import safe_part
 from .slurm_cli import SlurmCommandError, cluster_name, load_allocation
+from .slurm_env import in_srun_step
 from .srun import job_state
 
 logger = logging.getLogger(__name__)
@@ -44,10 +45,6 @@ EXIT_WAIT_SECONDS = 120.0
 _CLIENT_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_RUNTIME_ENV_HOOK", "ERAY_HEAD_IP",
                 "ERAY_JAX_PORTS", "ERAY_JOB_ID", "ERAY_JAX_ENV")  # fmt: skip
 _initialized = False
-
-
-def in_srun_step(env: Mapping[str, str]) -> bool:
-    return "SLURM_PROCID" in env and env.get("SLURM_STEP_ID") not in (None, "batch", "extern")
 
 
 def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
@@ -151,7 +148,8 @@ def _teardown(state: ClusterState, processes: int) -> None:
 def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -> tuple[str, str | None]:
     """(GCS address, the address of this node's Ray node, when it has one)."""
     layout = step_layout(env)
-    slurm_cluster = cluster_name(env)
+    # from the environment only: every task computes the same name, none asks scontrol
+    slurm_cluster = cluster_name(env, use_scontrol=False)
     state = ClusterState(step_cluster_name(env, slurm_cluster), layout.job_id)
     if layout.process_id == 0:
         address = _build(state, layout, slurm_cluster, start_workers, timeout)

@@ -140,7 +140,7 @@ def scontrol_job(job_id: str, timeout: float | None = None) -> Allocation:
         if e.invalid_job:
             raise JobGoneError(f"job {job_id} does not exist (any more): {e}") from e
         raise
-    return parse_job(text)
+    return parse_job(text, str(job_id))
 
 
 def load_allocation(
@@ -222,11 +222,16 @@ def srun_port_range() -> tuple[int, int] | None:
     return parse_port_range(config.get("SrunPortRange"))
 
 
-def cluster_name(env: Mapping[str, str]) -> str:
+def cluster_name(env: Mapping[str, str], use_scontrol: bool = True) -> str:
     """The SLURM cluster's name: ``SLURM_CLUSTER_NAME`` (not set in steps started with
-    ``srun --jobid`` from outside the job), else ``ClusterName`` of the config."""
+    ``srun --jobid`` from outside the job), else ``ClusterName`` of the config, else
+    ``slurm``. ``use_scontrol=False`` reads the environment only: what every task of one
+    step computes alike (they share the step's environment), without one ``scontrol`` per
+    task, which at scale floods the controller and, when one times out, splits the tasks."""
     if env.get("SLURM_CLUSTER_NAME"):
         return env["SLURM_CLUSTER_NAME"]
+    if not use_scontrol:
+        return "slurm"
     try:
         name = parse_config(run_slurm(["scontrol", "show", "config"], timeout=15)).get("ClusterName")
     except SlurmCommandError:
@@ -234,6 +239,18 @@ def cluster_name(env: Mapping[str, str]) -> str:
     return name or "slurm"
 
 
-def host_exclusions() -> list[tuple[int, int]]:
-    """Port ranges of this host that a job's port plan must avoid."""
-    return [r for r in (ephemeral_range(), srun_port_range()) if r is not None]
+def host_exclusions() -> list:
+    """Port ranges of this host that a job's port plan avoids: the ephemeral range (soft:
+    blocks inside it are the fallback where it covers everything, as 1024-65535 does) and
+    Slurm's ``SrunPortRange`` (hard). Only this host's view: a plan for other nodes merges
+    what each of them reports (``launch.ensure_port_plan``). Returns ``ports.Excluded``s."""
+    from .ports import Excluded
+
+    out: list[Excluded] = []
+    eph = ephemeral_range()
+    if eph is not None:
+        out.append(Excluded(*eph, "ip_local_port_range", soft=True))
+    srun = srun_port_range()
+    if srun is not None:
+        out.append(Excluded(*srun, "SrunPortRange"))
+    return out

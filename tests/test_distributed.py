@@ -70,11 +70,20 @@ def test_srun_three_tasks_get_one_jax_world(testbed: Testbed, allocation: str) -
 
 
 def test_step_cluster_names_are_unique_per_srun_and_batch_steps_are_not_steps() -> None:
-    from eray_provider.ray_cluster import in_srun_step, step_cluster_name
+    from eray_provider.ray_cluster import step_cluster_name
     from eray_provider.slurm_cli import cluster_name
+    from eray_provider.slurm_env import in_srun_step
 
-    a = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "3", "SLURM_SRUN_COMM_PORT": "40001"}
+    a = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_ID": "3",
+        "SLURM_SRUN_COMM_PORT": "40001",
+        "SLURM_STEP_NODELIST": "node1",
+        "SLURM_STEP_NUM_TASKS": "1",
+    }
     assert in_srun_step(a) and step_cluster_name(a, "c1") == "step3-40001@c1"
     assert step_cluster_name(dict(a, SLURM_SRUN_COMM_PORT="40002"), "c1") != step_cluster_name(a, "c1")
     assert cluster_name({"SLURM_CLUSTER_NAME": "c2"}) == "c2"
-    assert not in_srun_step(dict(a, SLURM_STEP_ID="batch")) and not in_srun_step({"SLURM_STEP_ID": "3"})
+    # the batch step: SLURM_PROCID and SLURM_STEP_ID (in some versions) but no step variables
+    assert not in_srun_step({"SLURM_PROCID": "0", "SLURM_STEP_ID": "batch"})
+    assert not in_srun_step({"SLURM_STEP_ID": "3"})
