@@ -392,21 +392,28 @@ class SlurmJobProvider(SlurmNodeProvider):
         self.state.create()
         env = node_env(self.state, "worker", {}, {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type})
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
-        for _ in range(math.ceil(count / request.nodes)):
-            job = submit(request, name, batch_script(self.python), self.state.logs / "job-%j.log", env)
-            now = time.time()
+        submitted: list[tuple[str, float]] = []
 
-            def add(doc, job=job, now=now):
+        def add(doc):
+            for job, at in submitted:
                 for index in range(request.nodes):
                     doc["nodes"][elastic_node_id(job, index)] = {
                         "slurm_job": job,
                         "role": "worker",
                         "tags": dict(tags),
-                        "created": now,
+                        "created": at,
                     }
 
-            self.state.update(add)
-            logger.info("submitted SLURM job %s for %d %s node(s)", job, request.nodes, node_type)
+        try:
+            for _ in range(math.ceil(count / request.nodes)):
+                job = submit(request, name, batch_script(self.python), self.state.logs / "job-%j.log", env)
+                submitted.append((job, time.time()))
+                logger.info("submitted SLURM job %s for %d %s node(s)", job, request.nodes, node_type)
+        finally:
+            # one state write for the whole launch (a write per job is O(N) each), also
+            # when a later sbatch failed: the jobs already submitted are recorded
+            if submitted:
+                self.state.update(add)
 
     # ------------------------------------------------------------------ terminate
     def terminate_nodes(self, node_ids: list[str]) -> None:

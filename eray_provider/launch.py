@@ -346,7 +346,9 @@ def stop_cluster(state: ClusterState) -> list[str]:
     launched = {
         rec["step_name"]: rec["launched"]
         for rec in records
-        if rec.get("launched") and rec.get("step_name") and not rec.get("slurm_job")
+        if rec.get("launched")
+        and rec.get("step_name")
+        and not (rec.get("slurm_job") or rec.get("terminated"))
     }
     cancelled: list[str] = []
     seen: set[str] = set()

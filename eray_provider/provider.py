@@ -32,7 +32,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import Allocation, AllocationError, JobGoneError
 from .cluster_config import FILLED, fill_config, gone_config
-from .cluster_state import ClusterState, ClusterStoppingError
+from .cluster_state import READ_FRESH_SECONDS, ClusterState, ClusterStoppingError
 from .command_runner import SrunCommandRunner
 from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
 from .launch import (
@@ -87,7 +87,8 @@ class SlurmNodeProvider(NodeProvider):
         self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
         self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
         self._steps_error: SlurmCommandError | None = None
-        self._alive_cache: tuple[tuple, list[str], frozenset[str]] | None = None
+        self._alive_cache: tuple[tuple, list[str], frozenset[str], float] | None = None
+        self._ips: dict[str, str] = {}
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
@@ -201,6 +202,11 @@ class SlurmNodeProvider(NodeProvider):
     def _alive_view(self) -> tuple[list[str], frozenset[str]]:
         """(live ids in record order, the same as a set for O(1) ``is_running`` and
         ``is_terminated``); one pass over the records per change, whatever N."""
+        now = time.monotonic()
+        cached = self._alive_cache
+        if cached is not None and now - cached[3] < READ_FRESH_SECONDS:
+            # as fresh as the state's own reads; this provider's writes drop the cache
+            return cached[1], cached[2]
         records = self._records()
         if not records:
             return [], frozenset()
@@ -210,10 +216,11 @@ class SlurmNodeProvider(NodeProvider):
         if steps:
             steps = self._step_names(steps)
         key = (id(records), id(markers), id(steps))
-        if self._alive_cache is not None and self._alive_cache[0] == key:
-            return self._alive_cache[1], self._alive_cache[2]
+        if cached is not None and cached[0] == key:
+            self._alive_cache = (key, cached[1], cached[2], now)
+            return cached[1], cached[2]
         alive = [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
-        self._alive_cache = (key, alive, frozenset(alive))
+        self._alive_cache = (key, alive, frozenset(alive), now)
         return alive, self._alive_cache[2]
 
     def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
@@ -252,8 +259,14 @@ class SlurmNodeProvider(NodeProvider):
         return dict(rec["tags"]) if rec else {}
 
     def internal_ip(self, node_id: str) -> str:
+        """The address the node's Ray runs on; cached, because Ray's autoscaler asks it of
+        every node each round and a node id's address never changes (a node started again
+        gets a new id)."""
+        if node_id in self._ips:
+            return self._ips[node_id]
         ip = self.state.read_marker(node_id, "ip")
         if ip:
+            self._ips[node_id] = ip
             return ip
         rec = self._records().get(node_id)
         return rec["slurm_node"] if rec else node_id
@@ -292,6 +305,7 @@ class SlurmNodeProvider(NodeProvider):
         with state.lock(timeout=300):
             state.create()
             state.check_launchable()
+            self._alive_cache = None  # under the lock: what other processes wrote counts
             live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
             if live:
                 # a racing `ray up` created it: let this caller find it under its own tags
@@ -305,12 +319,14 @@ class SlurmNodeProvider(NodeProvider):
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
+        self._alive_cache = None
         return node_id
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         with self.state.lock(timeout=120):
             self.state.check_launchable()
+            self._alive_cache = None  # under the lock: what other processes wrote counts
             alive = self._alive_view()[1]
             busy = {rec["slurm_node"] for node_id, rec in self._records().items() if node_id in alive}
             free = [n for n in candidates if n not in busy][:count]
@@ -320,6 +336,7 @@ class SlurmNodeProvider(NodeProvider):
                 return
             ids = dict(zip(free, self.state.add_nodes([(n, "worker", tags) for n in free])))
             batch = self.state.read()["next_gen"]
+        self._alive_cache = None
         launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
 
     def launch_head_node(self, node_id: str, extra_env: dict[str, str]) -> None:
@@ -357,7 +374,10 @@ class SlurmNodeProvider(NodeProvider):
             by_step.setdefault(records[node_id].get("step_name", ""), []).append(node_id)
         whole = []
         for step_name, ids in by_step.items():
-            members = [i for i, r in records.items() if r.get("step_name") == step_name]
+            # members already terminated do not keep the step from being cancelled whole
+            members = [
+                i for i, r in records.items() if r.get("step_name") == step_name and not r.get("terminated")
+            ]
             if step_name and set(members) <= set(ids):
                 whole += [sid for sid, name in steps.items() if name == step_name]
             else:
@@ -370,6 +390,7 @@ class SlurmNodeProvider(NodeProvider):
                 doc["nodes"][node_id]["terminated"] = True
 
         self.state.update(mark)
+        self._alive_cache = None
         if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
             self.stop_all()
 
