@@ -39,7 +39,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
-from .cluster_state import ClusterState, ensure_private_dir
+from .cluster_state import READ_FRESH_SECONDS, ClusterState, ensure_private_dir
 from .config_cache import cache_path
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
@@ -76,6 +76,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
         self._workers_cache: tuple[dict | None, dict[str, tuple[JobInfo, str]]] = (None, {})
+        self._elastic_cache: tuple[tuple, list[str], frozenset[str], float] | None = None
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -222,8 +223,28 @@ class SlurmJobProvider(SlurmNodeProvider):
         )
 
     def _elastic_ids(self) -> list[str]:
+        return self._elastic_view()[0]
+
+    def _elastic_view(self) -> tuple[list[str], frozenset[str]]:
+        """(live worker node ids, the same as a set): recomputed when the job listing, the
+        records or the markers changed, and reused for READ_FRESH_SECONDS (the state's
+        own freshness; this provider's writes drop it), so that the autoscaler's
+        per-node calls of a round cost a set lookup each."""
         if self.job_id == NO_JOB:
-            return []
+            return [], frozenset()
+        now = time.monotonic()
+        cached = self._elastic_cache
+        if cached is not None and now - cached[3] < READ_FRESH_SECONDS:
+            return cached[1], cached[2]
+        key = (id(self._worker_jobs()), id(self._records()), id(self.state.markers()))
+        if cached is not None and cached[0] == key:
+            self._elastic_cache = (key, cached[1], cached[2], now)
+            return cached[1], cached[2]
+        ids = self._compute_elastic_ids()
+        self._elastic_cache = (key, ids, frozenset(ids), now)
+        return ids, self._elastic_cache[2]
+
+    def _compute_elastic_ids(self) -> list[str]:
         candidates = {
             elastic_node_id(job.job_id, index): (job.job_id, index)
             for job, _node_type in self._worker_jobs().values()
@@ -262,13 +283,13 @@ class SlurmJobProvider(SlurmNodeProvider):
         if parsed is None:
             return super().is_running(node_id)
         found = self._worker_jobs().get(parsed[0])
-        return bool(found and found[0].state == "RUNNING" and self._elastic_alive(node_id, *parsed))
+        return bool(found and found[0].state == "RUNNING" and node_id in self._elastic_view()[1])
 
     def is_terminated(self, node_id: str) -> bool:
         parsed = _parse_node_id(node_id)
         if parsed is None:
             return super().is_terminated(node_id)
-        return self.job_id == NO_JOB or not self._elastic_alive(node_id, *parsed)
+        return node_id not in self._elastic_view()[1]
 
     def internal_ip(self, node_id: str) -> str:
         parsed = _parse_node_id(node_id)
@@ -414,6 +435,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             # when a later sbatch failed: the jobs already submitted are recorded
             if submitted:
                 self.state.update(add)
+                self._elastic_cache = None
 
     # ------------------------------------------------------------------ terminate
     def terminate_nodes(self, node_ids: list[str]) -> None:
@@ -456,6 +478,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if self.state.exists():
             self.state.update(mark)
         self._jobs_cache = (0.0, self._jobs_cache[1])
+        self._elastic_cache = None
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster (``ray down``): see ``cleanup_cluster_resources``."""

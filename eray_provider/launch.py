@@ -25,13 +25,15 @@ from .hostlist import compress
 from .names import is_cluster_step, step_name
 from .ports import PortPlan, candidates, choose_plan
 from .slurm_cli import SlurmCommandError, host_exclusions
-from .srun import cancel_steps, clean_env, launch_detached, list_steps, srun_argv
+from .srun import cancel_steps, clean_env, launch_detached, list_steps, run_step, srun_argv
 
 HEAD_READY_TIMEOUT = 300.0
 #: A launched node whose step squeue does not list yet is still starting for this long.
 STEP_GRACE_SECONDS = 30.0
 #: Seconds the temp dir cleanup (one srun over the nodes) may take.
 CLEANUP_TIMEOUT = 120.0
+#: Seconds the port probe (one srun over the nodes) may take.
+PROBE_TIMEOUT = 120.0
 
 
 class LaunchError(RuntimeError):
@@ -160,27 +162,22 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
     to_probe = candidates(alloc.job_id, launcher)[:batch]
     for _ in range(2):
         ports = sorted({p for c in to_probe for p in c.all_ports()} - probed)
+        name = step_name(state.cluster_name, "probe")
         argv = srun_argv(
             alloc.job_id,
             alloc.node_names,
             [python, "-m", "eray_provider.port_probe", *map(str, ports)],
-            name=step_name(state.cluster_name, "probe"),
+            name=name,
         )
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=clean_env(os.environ),
-            stdin=subprocess.DEVNULL,
-        )
+        what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
+        proc = run_step(argv, what, PROBE_TIMEOUT)
         if proc.returncode != 0:
-            raise LaunchError(f"port probe on the job's nodes failed: {proc.stderr.strip()[-2000:]}")
+            raise LaunchError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
         try:
             found = parse_reports(proc.stdout)
             check_answered(found, alloc.node_names)
         except ProbeError as e:
-            raise LaunchError(f"port probe on the job's nodes: {e}") from e
+            raise LaunchError(f"{what}: {e}") from e
         for node, report in found.items():
             busy.update(report.busy)
             reports[node] = report
@@ -389,21 +386,12 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     nodes = sorted(per_node)
     name = step_name(state.cluster_name, "cleanup")
     argv = srun_argv(state.job_id, nodes, ["bash", str(script)], name=name)
-    what = f"step {name} of job {state.job_id} on {len(nodes)} node(s) ({compress(nodes)})"
-    try:
-        proc = subprocess.run(
-            argv,
-            env=clean_env(os.environ),
-            capture_output=True,
-            text=True,
-            timeout=CLEANUP_TIMEOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise LaunchError(f"{what}: the temp dir cleanup did not end within {CLEANUP_TIMEOUT:.0f} s") from e
+    what = (
+        f"the temp dir cleanup (step {name} of job {state.job_id} on {len(nodes)} node(s): {compress(nodes)})"
+    )
+    proc = run_step(argv, what, CLEANUP_TIMEOUT)
     if proc.returncode != 0:
-        detail = proc.stderr.strip()[-2000:]
-        raise LaunchError(f"{what}: the temp dir cleanup failed (exit {proc.returncode}): {detail}")
+        raise LaunchError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
 
 
 def wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped=lambda: False) -> None:

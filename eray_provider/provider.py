@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import subprocess
 import time
 from typing import Any
 
@@ -46,7 +45,7 @@ from .launch import (
 from .process_identity import signal_command
 from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
-from .srun import cancel_steps, clean_env, job_state, list_steps, srun_argv
+from .srun import cancel_steps, job_state, list_steps, run_step, srun_argv
 
 logger = logging.getLogger(__name__)
 
@@ -404,19 +403,9 @@ class SlurmNodeProvider(NodeProvider):
             return
         job = job_id or self.job_id
         argv = srun_argv(job, [slurm_node], command, immediate=slurm_timeout())
-        try:
-            proc = subprocess.run(
-                argv,
-                env=clean_env(os.environ),
-                capture_output=True,
-                timeout=SIGNAL_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise SlurmCommandError(
-                f"stopping node {node_id}: the srun to {slurm_node} (job {job}) did not end within "
-                f"{SIGNAL_TIMEOUT:.0f} s"
-            ) from e
+        proc = run_step(
+            argv, f"stopping node {node_id} (an srun to {slurm_node} in job {job})", SIGNAL_TIMEOUT
+        )
         if proc.returncode == 3:
             logger.info("node %s: its recorded process has already ended; nothing signalled", node_id)
 

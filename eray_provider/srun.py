@@ -75,6 +75,24 @@ def bash_command(cmd: str, env: Mapping[str, str] | None = None) -> list[str]:
     return ["bash", "-c", exports + 'cd "$HOME" 2>/dev/null; ' + cmd]
 
 
+def run_step(argv: Sequence[str], what: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a short srun (a probe, a cleanup, a signal) to its end, output captured.
+
+    Bounded by ``timeout``; a step that does not end in time is a ``SlurmCommandError``
+    naming ``what`` (say which step, job and nodes), never a bare ``TimeoutExpired``."""
+    try:
+        return subprocess.run(
+            list(argv),
+            env=clean_env(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SlurmCommandError(f"{what} did not end within {timeout:.0f} s") from e
+
+
 def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
     """Start an srun client in its own session, output to a file (never a pipe)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,11 @@ def outdir(tmp_path) -> Path:
     return path
 
 
-def sbatch(testbed: Testbed, out: Path, *driver_args: str) -> str:
-    env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
+def sbatch(testbed: Testbed, out: Path, *driver_args: str, env: dict[str, str] | None = None) -> str:
+    """Submit ``examples/sbatch-ray.sh`` with the test driver; ``env`` replaces the test
+    bed's environment (the venv's bin is put first on PATH either way)."""
+    env = dict(env or testbed.env)
+    env["PATH"] = f"{VENV_BIN}:{env['PATH']}"
     env.pop("SLURM_JOB_ID", None)
     proc = testbed.run(
         [

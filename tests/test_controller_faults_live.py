@@ -6,7 +6,6 @@ head started, and a controller that stays down is a clear error.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import time
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from fault_injection import FaultyCommands
-from ray_cluster_support import VENV_BIN, Cluster, cluster_pids, wait_gone
-from test_batch_live import wait_done
+from ray_cluster_support import Cluster, cluster_pids, wait_gone
+from test_batch_live import sbatch, wait_done
 from testbed_support import REPO, Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -143,25 +142,13 @@ def test_ray_down_while_workers_launch_leaves_no_step(testbed, job, tmp_path, fa
 
 def test_eray_provider_run_rides_out_a_flaky_controller(testbed, faults) -> None:
     out = faults.root / "run.out"
-    env = faults.env(dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}"))
-    env.pop("SLURM_JOB_ID", None)
+    env = faults.env(testbed.env)
     env.update(ERAY_SLURM_TIMEOUT="5", ERAY_SLURM_ATTEMPTS="3")
     # SLURM's reads fail now and then while the batch job builds and tears down its cluster
     faults.fail("squeue", times=2)  # one call of the teardown, retried within it
     faults.fail("scontrol", times=1, match="show job")
     faults.fail("scancel", times=2)
-    proc = testbed.run(
-        [
-            "sbatch",
-            f"--output={out}",
-            "--chdir",
-            str(REPO),
-            "examples/sbatch-ray.sh",
-            "tests/drivers/batch_driver.py",
-        ],
-        env=env,
-    )
-    job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    job = sbatch(testbed, out, env=env)
     code = wait_done(testbed, job)
     text = out.read_text()
     assert code == "0", text[-3000:]
