@@ -111,13 +111,15 @@ def test_every_node_form_and_scancel_end_everything(testbed: Testbed, outdir: Pa
         ["sbatch", "-N3", "-c2", "--mem=2000", f"--output={out}", "--chdir", str(REPO), str(script)], env=env
     )
     job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and "NODES 3" not in (out.read_text() if out.exists() else ""):
-        time.sleep(1)
-    text = out.read_text()
-    assert "NODES 3" in text, text[-3000:]
-    assert text.count("the task on the job's first node runs the cluster") == 2
-    testbed.cancel(job)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and "NODES 3" not in (out.read_text() if out.exists() else ""):
+            time.sleep(1)
+        text = out.read_text()
+        assert "NODES 3" in text, text[-3000:]
+        assert text.count("the step's first task runs the cluster") == 2
+    finally:
+        testbed.cancel(job)  # also when an assertion failed: no job left for the next tests
     wait_done(testbed, job, timeout=120)
     assert wait_gone(job, "run") == []
     for node in ("node1", "node2", "node3"):

@@ -16,6 +16,7 @@ import pytest
 from fault_injection import FaultyCommands
 from ray_cluster_support import Cluster, cluster_pids, wait_gone
 from test_batch_live import sbatch, wait_done
+from test_elastic_live import ElasticCluster
 from testbed_support import REPO, Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -157,3 +158,39 @@ def test_eray_provider_run_rides_out_a_flaky_controller(testbed, faults) -> None
     assert len(faults.faulted("scontrol")) == 1
     assert cluster_pids(job, "run") == []
     assert not (Path.home() / ".eray-provider" / f"run-{job}").exists()
+
+
+def test_two_elastic_ray_ups_submit_one_head_job(testbed, tmp_path, faults) -> None:
+    cluster = ElasticCluster(testbed, tmp_path, "twoup")
+    cluster.env = faults.env(cluster.env)
+    cluster.env.update(ERAY_SLURM_TIMEOUT="5", ERAY_SLURM_ATTEMPTS="3")
+    # job listings fail now and then (never more than one call's tries can take): retried,
+    # and no head job is cancelled or submitted twice for it
+    faults.fail("squeue", times=2, match="-u ")
+    ups = [
+        subprocess.Popen(
+            ["ray", "up", "-y", str(cluster.config)],
+            env=cluster.env,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [up.communicate(timeout=400)[0] for up in ups]
+        assert [up.returncode for up in ups] == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+        assert len(faults.faulted("squeue")) == 2
+        jobs = cluster.jobs()
+        assert list(jobs.values()) == ["eray.twoup.head"], jobs  # one head job, not two
+        submitted = [c for c in faults.calls("sbatch") if "eray.twoup.head" in " ".join(c.argv)]
+        assert len(submitted) == 1, submitted
+        assert len(cluster.alive_nodes()) == 1
+    finally:
+        for up in ups:
+            if up.poll() is None:
+                up.kill()
+        faults.clear()
+        cluster.down(check=False)
+    assert cluster.jobs() == {}
