@@ -29,11 +29,11 @@ from typing import Any
 
 from .allocation import Allocation, AllocationError
 from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
-from .cluster_state import ClusterState
+from .cluster_state import ClusterState, ensure_private_dir
 from .distributed import StepLayout, step_layout
 from .launch import TeardownError, cluster_env, teardown
 from .names import safe_part
-from .slurm_cli import SlurmCommandError, cluster_name, load_allocation
+from .slurm_cli import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
 from .slurm_env import in_srun_step
 from .srun import job_state
 
@@ -54,11 +54,26 @@ def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
     return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{safe_part(slurm_cluster)}"
 
 
+#: File in a step cluster's state dir naming the SLURM cluster it ran on (its scontrol name).
+_SLURM_CLUSTER_FILE = "slurm_cluster"
+
+
 def _leftover_job(path: Path, slurm_cluster: str) -> str | None:
-    """The job of a step cluster's state dir of exactly this SLURM cluster, else None."""
-    pattern = rf"step\d+-\d+@{re.escape(safe_part(slurm_cluster))}-(\d+)"
-    m = re.fullmatch(pattern, path.name)
-    return m.group(1) if m else None
+    """The job of a step cluster's state dir of exactly this SLURM cluster, else None.
+
+    A dir is this cluster's when its name says so, or when its name carries the fallback
+    ``slurm`` (no ``SLURM_CLUSTER_NAME`` in the step) and the file it recorded names it:
+    job ids of two SLURM clusters sharing a HOME are unrelated."""
+    m = re.fullmatch(r"step\d+-\d+@(.+)-(\d+)", path.name)
+    if m is None:
+        return None
+    if m.group(1) == safe_part(slurm_cluster):
+        return m.group(2)
+    try:
+        recorded = (path / _SLURM_CLUSTER_FILE).read_text().strip()
+    except OSError:
+        return None
+    return m.group(2) if m.group(1) == FALLBACK_CLUSTER and recorded == slurm_cluster else None
 
 
 def _marker(state: ClusterState, name: str):
@@ -95,7 +110,14 @@ def _build(
             raise AllocationError(
                 f"a cluster {state.cluster_name!r} of job {layout.job_id} exists ({state.dir})"
             )
-        _remove_leftovers(state.base, slurm_cluster)
+        # the first task alone asks scontrol (one call, not one per task) for the cluster's
+        # real name when the step's environment lacks it, and records it for a later cleanup
+        real_cluster = slurm_cluster if slurm_cluster != FALLBACK_CLUSTER else cluster_name({})
+        ensure_private_dir(state.base)
+        ensure_private_dir(state.dir)
+        (state.dir / _SLURM_CLUSTER_FILE).write_text(real_cluster)
+        if real_cluster != FALLBACK_CLUSTER:  # unknown: whose leftovers they are is unknown too
+            _remove_leftovers(state.base, real_cluster)
         nodes = list(layout.nodes if start_workers else layout.nodes[:1])
         alloc = load_allocation(layout.job_id)
         provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]

@@ -222,6 +222,10 @@ def srun_port_range() -> tuple[int, int] | None:
     return parse_port_range(config.get("SrunPortRange"))
 
 
+#: The SLURM cluster's name when neither the environment nor scontrol tells it.
+FALLBACK_CLUSTER = "slurm"
+
+
 def cluster_name(env: Mapping[str, str], use_scontrol: bool = True) -> str:
     """The SLURM cluster's name: ``SLURM_CLUSTER_NAME`` (not set in steps started with
     ``srun --jobid`` from outside the job), else ``ClusterName`` of the config, else
@@ -231,12 +235,12 @@ def cluster_name(env: Mapping[str, str], use_scontrol: bool = True) -> str:
     if env.get("SLURM_CLUSTER_NAME"):
         return env["SLURM_CLUSTER_NAME"]
     if not use_scontrol:
-        return "slurm"
+        return FALLBACK_CLUSTER
     try:
         name = parse_config(run_slurm(["scontrol", "show", "config"], timeout=15)).get("ClusterName")
     except SlurmCommandError:
         name = None
-    return name or "slurm"
+    return name or FALLBACK_CLUSTER
 
 
 def host_exclusions() -> list:

@@ -80,3 +80,12 @@ def test_step_cluster_names_are_valid_and_leftovers_match_one_slurm_cluster(tmp_
     other = step_cluster_name(env, "my.cluster-prod")
     assert _leftover_job(tmp_path / f"{other}-12", "my.cluster") is None
     assert _leftover_job(tmp_path / "step3-40001@my_cluster-x-12", "my.cluster") is None
+    # a step without SLURM_CLUSTER_NAME is named with the fallback; the SLURM cluster it
+    # recorded decides whose leftover it is
+    fallback = tmp_path / "step3-40001@slurm-12"
+    fallback.mkdir()
+    assert _leftover_job(fallback, "my.cluster") is None  # nothing recorded: not ours to remove
+    (fallback / "slurm_cluster").write_text("other")
+    assert _leftover_job(fallback, "my.cluster") is None
+    (fallback / "slurm_cluster").write_text("my.cluster")
+    assert _leftover_job(fallback, "my.cluster") == "12"
