@@ -25,7 +25,7 @@ from .hostlist import compress
 from .names import is_cluster_step, step_name
 from .ports import PortPlan, candidates, choose_plan
 from .slurm_cli import SlurmCommandError, host_exclusions
-from .srun import cancel_steps, clean_env, launch_detached, list_steps, run_step, srun_argv
+from .srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
 
 HEAD_READY_TIMEOUT = 300.0
 #: A launched node whose step squeue does not list yet is still starting for this long.
@@ -357,12 +357,22 @@ def stop_cluster(state: ClusterState) -> list[str]:
         cancel_steps(list(ours), state.job_id, wait=90)
         cancelled += ours
         seen.update(ours.values())
-        unseen = [t for name, t in launched.items() if name not in seen]
+        unseen = [t for name, t in launched.items() if name not in seen and not _ended(state, name)]
         if not unseen or time.time() - max(unseen) > STEP_GRACE_SECONDS:
             break
+        if job_state(state.job_id) != "RUNNING":
+            break  # the job is ending (scancel, time limit): no step of it can start now
         time.sleep(1)
     _remove_temp_dirs(state)
     return cancelled
+
+
+def _ended(state: ClusterState, step: str) -> bool:
+    """Every node of the step recorded its exit: the step ran, so it is not one that
+    squeue has yet to list."""
+    markers = state.markers()
+    ids = [i for i, rec in state.read()["nodes"].items() if rec.get("step_name") == step]
+    return bool(ids) and all(f"{i}.exit" in markers for i in ids)
 
 
 def _remove_temp_dirs(state: ClusterState) -> None:
@@ -390,8 +400,14 @@ def _remove_temp_dirs(state: ClusterState) -> None:
         f"the temp dir cleanup (step {name} of job {state.job_id} on {len(nodes)} node(s): {compress(nodes)})"
     )
     proc = run_step(argv, what, CLEANUP_TIMEOUT)
-    if proc.returncode != 0:
-        raise LaunchError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    if proc.returncode == 0:
+        return
+    error = f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+    if job_state(state.job_id) == "RUNNING":
+        raise LaunchError(error)  # a teardown run again can still reach the nodes
+    # the job is ending (scancel, its time limit): no step can start any more, and SLURM
+    # has ended every process; each node_run removes its own dir when its Ray ends
+    print(f"eray-provider: warning: {error}; the job has ended, so it is left there", file=sys.stderr)
 
 
 def wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped=lambda: False) -> None:
