@@ -39,13 +39,13 @@ from ray.autoscaler.tags import (
 
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
-from .cluster_state import READ_FRESH_SECONDS, ClusterState, ensure_private_dir
+from .cluster_state import ClusterState, ensure_private_dir
 from .config_cache import cache_path
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
 from .launch import node_env
 from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_job_name, worker_job_name
-from .provider import SlurmNodeProvider
+from .provider import LiveView, SlurmNodeProvider
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
 from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_timeout
 from .slurm_env import job_id_from_env
@@ -76,7 +76,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
         self._workers_cache: tuple[dict | None, dict[str, tuple[JobInfo, str]]] = (None, {})
-        self._elastic_cache: tuple[tuple, list[str], frozenset[str], float] | None = None
+        self._elastic_live = LiveView()
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -232,17 +232,10 @@ class SlurmJobProvider(SlurmNodeProvider):
         per-node calls of a round cost a set lookup each."""
         if self.job_id == NO_JOB:
             return [], frozenset()
-        now = time.monotonic()
-        cached = self._elastic_cache
-        if cached is not None and now - cached[3] < READ_FRESH_SECONDS:
-            return cached[1], cached[2]
-        key = (id(self._worker_jobs()), id(self._records()), id(self.state.markers()))
-        if cached is not None and cached[0] == key:
-            self._elastic_cache = (key, cached[1], cached[2], now)
-            return cached[1], cached[2]
-        ids = self._compute_elastic_ids()
-        self._elastic_cache = (key, ids, frozenset(ids), now)
-        return ids, self._elastic_cache[2]
+        return self._elastic_live.get(
+            lambda: (self._worker_jobs(), self._records(), self.state.markers()),
+            lambda *_inputs: self._compute_elastic_ids(),
+        )
 
     def _compute_elastic_ids(self) -> list[str]:
         candidates = {
@@ -435,7 +428,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             # when a later sbatch failed: the jobs already submitted are recorded
             if submitted:
                 self.state.update(add)
-                self._elastic_cache = None
+                self._elastic_live.drop()
 
     # ------------------------------------------------------------------ terminate
     def terminate_nodes(self, node_ids: list[str]) -> None:
@@ -478,7 +471,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if self.state.exists():
             self.state.update(mark)
         self._jobs_cache = (0.0, self._jobs_cache[1])
-        self._elastic_cache = None
+        self._elastic_live.drop()
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster (``ray down``): see ``cleanup_cluster_resources``."""

@@ -23,7 +23,8 @@ from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
 from .hostlist import compress
 from .names import is_cluster_step, step_name
-from .ports import PortPlan, candidates, choose_plan
+from .port_probe import NodeReport, ProbeError, check_answered, exclusions_from_reports, parse_reports
+from .ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
 from .slurm_cli import SlurmCommandError, host_exclusions
 from .srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
 
@@ -146,18 +147,15 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
     and its reserved ports; ``SrunPortRange`` comes from the controller's config, the same
     for every node. The launcher's own ranges only pick what the first probe checks, since
     ``ray up`` may run on a login node set up unlike the compute nodes."""
-    from .port_probe import ProbeError, check_answered, exclusions_from_reports, parse_reports
-    from .ports import Excluded, choose_probed, next_to_probe
-
     plan = state.ports()
     if plan is not None:
         return plan
     batch = 4  # candidate blocks per probe: about 1,000 ports on every node
-    launcher = [e if isinstance(e, Excluded) else Excluded(*e) for e in host_exclusions()]
+    launcher = host_exclusions()
     controller = [e for e in launcher if not e.soft]
     busy: set[int] = set()
     probed: set[int] = set()
-    reports: dict = {}
+    reports: dict[str, NodeReport] = {}
     exclusions = launcher
     to_probe = candidates(alloc.job_id, launcher)[:batch]
     for _ in range(2):

@@ -17,6 +17,7 @@ import atexit
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ray.autoscaler._private.cli_logger import cli_logger
@@ -60,6 +61,37 @@ REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
 
 
+class LiveView:
+    """A provider's live node ids, computed from its inputs (records, markers, listings)
+    and reused while they are the same objects, and without even asking for them for
+    ``READ_FRESH_SECONDS`` (the state's own freshness): the autoscaler's per-node calls of
+    one round then cost a set lookup each. ``drop`` after the provider's own writes and
+    under the lock, where other processes' writes must count."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[tuple[int, ...], list[str], frozenset[str], float] | None = None
+
+    def drop(self) -> None:
+        self._entry = None
+
+    def get(
+        self, inputs: Callable[[], tuple], compute: Callable[..., list[str]]
+    ) -> tuple[list[str], frozenset[str]]:
+        now = time.monotonic()
+        entry = self._entry
+        if entry is not None and now - entry[3] < READ_FRESH_SECONDS:
+            return entry[1], entry[2]
+        args = inputs()
+        key = tuple(map(id, args))
+        if entry is not None and entry[0] == key:
+            ids, as_set = entry[1], entry[2]
+        else:
+            ids = compute(*args)
+            as_set = frozenset(ids)
+        self._entry = (key, ids, as_set, now)
+        return ids, as_set
+
+
 def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
@@ -86,8 +118,9 @@ class SlurmNodeProvider(NodeProvider):
         self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
         self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
         self._steps_error: SlurmCommandError | None = None
-        self._alive_cache: tuple[tuple, list[str], frozenset[str], float] | None = None
+        self._live = LiveView()
         self._ips: dict[str, str] = {}
+        self._names_cache: tuple[dict[str, str], dict[str, str]] | None = None
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
@@ -201,30 +234,21 @@ class SlurmNodeProvider(NodeProvider):
     def _alive_view(self) -> tuple[list[str], frozenset[str]]:
         """(live ids in record order, the same as a set for O(1) ``is_running`` and
         ``is_terminated``); one pass over the records per change, whatever N."""
-        now = time.monotonic()
-        cached = self._alive_cache
-        if cached is not None and now - cached[3] < READ_FRESH_SECONDS:
-            # as fresh as the state's own reads; this provider's writes drop the cache
-            return cached[1], cached[2]
+        return self._live.get(self._alive_inputs, self._compute_alive)
+
+    def _alive_inputs(self) -> tuple:
         records = self._records()
-        if not records:
-            return [], frozenset()
         markers = self.state.markers()
         needs_steps = any(r.get("launched") and not r.get("terminated") for r in records.values())
         steps = self._job_steps() if needs_steps else {}
-        if steps:
-            steps = self._step_names(steps)
-        key = (id(records), id(markers), id(steps))
-        if cached is not None and cached[0] == key:
-            self._alive_cache = (key, cached[1], cached[2], now)
-            return cached[1], cached[2]
-        alive = [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
-        self._alive_cache = (key, alive, frozenset(alive), now)
-        return alive, self._alive_cache[2]
+        return records, markers, self._step_names(steps) if steps else steps
+
+    def _compute_alive(self, records, markers, steps) -> list[str]:
+        return [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
 
     def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
         """The listing keyed by step name (one dict per listing, kept for its identity)."""
-        cached = getattr(self, "_names_cache", None)
+        cached = self._names_cache
         if cached is None or cached[0] is not steps:
             self._names_cache = (steps, {name: sid for sid, name in steps.items()})
         return self._names_cache[1]
@@ -304,7 +328,7 @@ class SlurmNodeProvider(NodeProvider):
         with state.lock(timeout=300):
             state.create()
             state.check_launchable()
-            self._alive_cache = None  # under the lock: what other processes wrote counts
+            self._live.drop()  # under the lock: what other processes wrote counts
             live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
             if live:
                 # a racing `ray up` created it: let this caller find it under its own tags
@@ -318,14 +342,14 @@ class SlurmNodeProvider(NodeProvider):
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
-        self._alive_cache = None
+        self._live.drop()
         return node_id
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         with self.state.lock(timeout=120):
             self.state.check_launchable()
-            self._alive_cache = None  # under the lock: what other processes wrote counts
+            self._live.drop()  # under the lock: what other processes wrote counts
             alive = self._alive_view()[1]
             busy = {rec["slurm_node"] for node_id, rec in self._records().items() if node_id in alive}
             free = [n for n in candidates if n not in busy][:count]
@@ -335,7 +359,7 @@ class SlurmNodeProvider(NodeProvider):
                 return
             ids = dict(zip(free, self.state.add_nodes([(n, "worker", tags) for n in free])))
             batch = self.state.read()["next_gen"]
-        self._alive_cache = None
+        self._live.drop()
         launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
 
     def launch_head_node(self, node_id: str, extra_env: dict[str, str]) -> None:
@@ -389,7 +413,7 @@ class SlurmNodeProvider(NodeProvider):
                 doc["nodes"][node_id]["terminated"] = True
 
         self.state.update(mark)
-        self._alive_cache = None
+        self._live.drop()
         if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
             self.stop_all()
 

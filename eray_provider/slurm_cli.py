@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .allocation import Allocation, AllocationError, JobGoneError
+from .ports import Excluded
 from .scontrol import parse_config, parse_job, parse_port_range
 from .slurm_env import allocation_from_env, job_id_from_env
 
@@ -243,7 +244,7 @@ def cluster_name(env: Mapping[str, str], use_scontrol: bool = True) -> str:
     return name or FALLBACK_CLUSTER
 
 
-def host_exclusions() -> list:
+def host_exclusions() -> list[Excluded]:
     """Port ranges of this host that a job's port plan avoids: the ephemeral range (soft:
     blocks inside it are the fallback where it covers everything, as 1024-65535 does) and
     Slurm's ``SrunPortRange`` (hard). Only this host's view: a plan for other nodes merges

