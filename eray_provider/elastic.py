@@ -45,12 +45,13 @@ from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
 from .launch import node_env
 from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_job_name, worker_job_name
-from .provider import LiveView, SlurmNodeProvider
+from .provider import Answers, SlurmNodeProvider
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
 from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_timeout
 from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
+from .views import LiveView, Memo
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ HEAD_START_TIMEOUT = 900.0
 REFUSED_SECONDS = 600.0
 #: Placeholder job of a cluster whose head job ``ray up`` has yet to submit.
 NO_JOB = "0"
+_NO_NODES: tuple[list[str], frozenset[str]] = ([], frozenset())
 
 
 def _parse_node_id(node_id: str) -> tuple[str, int] | None:
@@ -75,7 +77,7 @@ def _parse_node_id(node_id: str) -> tuple[str, int] | None:
 class SlurmJobProvider(SlurmNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
-        self._workers_cache: tuple[dict | None, dict[str, tuple[JobInfo, str]]] = (None, {})
+        self._workers: Memo[dict[str, tuple[JobInfo, str]]] = Memo()
         self._elastic_live = LiveView()
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
@@ -132,6 +134,10 @@ class SlurmJobProvider(SlurmNodeProvider):
         if not exists:
             _check_requests(filled)
         return filled
+
+    def _drop_views(self) -> None:
+        super()._drop_views()
+        self._elastic_live.drop()
 
     # ------------------------------------------------------------------ squeue
     def _jobs(self) -> dict[str, JobInfo]:
@@ -190,15 +196,15 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _worker_jobs(self) -> dict[str, tuple[JobInfo, str]]:
         """Live worker jobs of this cluster's head: job id -> (info, node type); computed
         once per squeue listing (the autoscaler asks about every node in one round)."""
-        jobs = self._jobs()
-        if self._workers_cache[0] is not jobs:
-            out = {}
-            for job in jobs.values():
-                parsed = parse_worker_job_name(job.name, self.cluster_name)
-                if parsed and parsed[0] == self.job_id and job.live:
-                    out[job.job_id] = (job, parsed[1])
-            self._workers_cache = (jobs, out)
-        return self._workers_cache[1]
+        return self._workers.get((self._jobs(), self.job_id), self._compute_worker_jobs)
+
+    def _compute_worker_jobs(self, jobs: dict[str, JobInfo], head_job: str) -> dict[str, tuple[JobInfo, str]]:
+        out = {}
+        for job in jobs.values():
+            parsed = parse_worker_job_name(job.name, self.cluster_name)
+            if parsed and parsed[0] == head_job and job.live:
+                out[job.job_id] = (job, parsed[1])
+        return out
 
     # ------------------------------------------------------------------ node view
     def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
@@ -231,7 +237,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         own freshness; this provider's writes drop it), so that the autoscaler's
         per-node calls of a round cost a set lookup each."""
         if self.job_id == NO_JOB:
-            return [], frozenset()
+            return _NO_NODES
         return self._elastic_live.get(
             lambda: (self._worker_jobs(), self._records(), self.state.markers()),
             lambda *_inputs: self._compute_elastic_ids(),
@@ -249,32 +255,39 @@ class SlurmJobProvider(SlurmNodeProvider):
                 candidates.setdefault(node_id, parsed)
         return [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
 
-    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        ids = super().non_terminated_nodes(tag_filters)
-        for node_id in self._elastic_ids():
-            if not tag_filters or self._matches({"tags": self.node_tags(node_id)}, tag_filters):
-                ids.append(node_id)
-        return ids
+    def _round_inputs(self) -> tuple:
+        return (*super()._round_inputs(), self._elastic_ids(), self._worker_jobs())
 
-    def node_tags(self, node_id: str) -> dict[str, str]:
+    def _compute_answers(  # type: ignore[override]
+        self,
+        alive: list[str],
+        records: dict[str, dict[str, Any]],
+        elastic: list[str],
+        workers: dict[str, tuple[JobInfo, str]],
+    ) -> Answers:
+        """The head's nodes as the base provider answers them, then the worker nodes."""
+        answers = super()._compute_answers(alive, records)
+        for node_id in elastic:
+            job, _index = _parse_node_id(node_id) or ("", 0)
+            found = workers.get(job)
+            rec = records.get(node_id)
+            answers[node_id] = (
+                rec["tags"] if rec else _adopted_tags(found),
+                bool(found and found[0].state == "RUNNING"),
+            )
+        return answers
+
+    def _read_tags(self, node_id: str) -> dict[str, str]:
         rec = self._records().get(node_id)
         if rec:
             return dict(rec["tags"])
         parsed = _parse_node_id(node_id)
-        found = self._worker_jobs().get(parsed[0]) if parsed else None
-        if found is None:
-            return {}
-        # adopted from squeue (the record was lost): what its job name says
-        return {
-            TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
-            TAG_RAY_USER_NODE_TYPE: found[1],
-            TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE,
-        }
+        return _adopted_tags(self._worker_jobs().get(parsed[0]) if parsed else None)
 
-    def is_running(self, node_id: str) -> bool:
+    def _read_running(self, node_id: str) -> bool:
         parsed = _parse_node_id(node_id)
         if parsed is None:
-            return super().is_running(node_id)
+            return super()._read_running(node_id)
         found = self._worker_jobs().get(parsed[0])
         return bool(found and found[0].state == "RUNNING" and node_id in self._elastic_view()[1])
 
@@ -428,7 +441,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             # when a later sbatch failed: the jobs already submitted are recorded
             if submitted:
                 self.state.update(add)
-                self._elastic_live.drop()
+                self._drop_views()
 
     # ------------------------------------------------------------------ terminate
     def terminate_nodes(self, node_ids: list[str]) -> None:
@@ -471,7 +484,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if self.state.exists():
             self.state.update(mark)
         self._jobs_cache = (0.0, self._jobs_cache[1])
-        self._elastic_live.drop()
+        self._drop_views()
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster (``ray down``): see ``cleanup_cluster_resources``."""
@@ -513,6 +526,18 @@ class SlurmJobProvider(SlurmNodeProvider):
 
 def _head_fields(job: str, allocation: dict[str, Any]) -> dict[str, Any]:
     return {"job_id": job, "allocation": allocation, "head_job_owned": True, "job_id_from_config": True}
+
+
+def _adopted_tags(found: tuple[JobInfo, str] | None) -> dict[str, str]:
+    """The tags of a worker node whose record was lost, adopted from squeue: what its job
+    name says; none for a node that squeue does not list either."""
+    if found is None:
+        return {}
+    return {
+        TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+        TAG_RAY_USER_NODE_TYPE: found[1],
+        TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE,
+    }
 
 
 def _live_head_job(cluster: str) -> JobInfo | None:

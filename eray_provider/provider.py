@@ -17,7 +17,6 @@ import atexit
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ray.autoscaler._private.cli_logger import cli_logger
@@ -32,7 +31,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import Allocation, AllocationError, JobGoneError
 from .cluster_config import FILLED, fill_config, gone_config
-from .cluster_state import READ_FRESH_SECONDS, ClusterState, ClusterStoppingError
+from .cluster_state import ClusterState, ClusterStoppingError
 from .command_runner import SrunCommandRunner
 from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
 from .launch import (
@@ -47,6 +46,7 @@ from .process_identity import signal_command
 from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, job_state, list_steps, run_step, srun_argv
+from .views import LiveView, Memo
 
 logger = logging.getLogger(__name__)
 
@@ -59,37 +59,8 @@ SIGNAL_TIMEOUT = 60.0
 #: How long a node also answers to the tags a racing create_node asked for.
 REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
-
-
-class LiveView:
-    """A provider's live node ids, computed from its inputs (records, markers, listings)
-    and reused while they are the same objects, and without even asking for them for
-    ``READ_FRESH_SECONDS`` (the state's own freshness): the autoscaler's per-node calls of
-    one round then cost a set lookup each. ``drop`` after the provider's own writes and
-    under the lock, where other processes' writes must count."""
-
-    def __init__(self) -> None:
-        self._entry: tuple[tuple[int, ...], list[str], frozenset[str], float] | None = None
-
-    def drop(self) -> None:
-        self._entry = None
-
-    def get(
-        self, inputs: Callable[[], tuple], compute: Callable[..., list[str]]
-    ) -> tuple[list[str], frozenset[str]]:
-        now = time.monotonic()
-        entry = self._entry
-        if entry is not None and now - entry[3] < READ_FRESH_SECONDS:
-            return entry[1], entry[2]
-        args = inputs()
-        key = tuple(map(id, args))
-        if entry is not None and entry[0] == key:
-            ids, as_set = entry[1], entry[2]
-        else:
-            ids = compute(*args)
-            as_set = frozenset(ids)
-        self._entry = (key, ids, as_set, now)
-        return ids, as_set
+#: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
+Answers = dict[str, tuple[dict[str, str], bool]]
 
 
 def _unlink_quietly(path: str) -> None:
@@ -119,8 +90,16 @@ class SlurmNodeProvider(NodeProvider):
         self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
         self._steps_error: SlurmCommandError | None = None
         self._live = LiveView()
+        self._round: Memo[Answers] = Memo()
+        self._answers: Answers = {}
         self._ips: dict[str, str] = {}
-        self._names_cache: tuple[dict[str, str], dict[str, str]] | None = None
+        self._names: Memo[dict[str, str]] = Memo()
+
+    def _drop_views(self) -> None:
+        """After this provider's own writes, and under the lock where other processes'
+        writes must count: the next call computes from the state file again."""
+        self._live.drop()
+        self._answers = {}
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any]) -> None:
@@ -248,17 +227,35 @@ class SlurmNodeProvider(NodeProvider):
 
     def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
         """The listing keyed by step name (one dict per listing, kept for its identity)."""
-        cached = self._names_cache
-        if cached is None or cached[0] is not steps:
-            self._names_cache = (steps, {name: sid for sid, name in steps.items()})
-        return self._names_cache[1]
+        return self._names.get((steps,), lambda s: {name: sid for sid, name in s.items()})
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        alive = self._alive_ids()
+        """The live nodes; their tags and running state are kept as this round's answers
+        to ``node_tags`` and ``is_running`` (``_answers``), as Ray's own cloud providers
+        cache them from their last listing: the autoscaler asks both of every node right
+        after this call, and a dict lookup each is what 10,000 nodes can afford. The
+        answers are computed again only when the records or listings changed, and
+        forgotten on this provider's own writes."""
+        self._answers = answers = self._round.get(self._round_inputs(), self._compute_answers)
         if not tag_filters:
-            return list(alive)
+            return list(answers)
         records = self._records()
-        return [i for i in alive if self._matches(records[i], tag_filters)]
+        return [
+            i
+            for i, (tags, _) in answers.items()
+            if self._matches(records.get(i) or {"tags": tags}, tag_filters)
+        ]
+
+    def _round_inputs(self) -> tuple:
+        return self._alive_ids(), self._records()
+
+    def _compute_answers(self, alive: list[str], records: dict[str, dict[str, Any]]) -> Answers:
+        answers: Answers = {}
+        for node_id in alive:
+            rec = records.get(node_id)
+            if rec is not None:  # None: the state was removed since the view was computed
+                answers[node_id] = (rec["tags"], bool(rec.get("launched")))
+        return answers
 
     @staticmethod
     def _matches(rec: dict[str, Any], tag_filters: dict[str, str]) -> bool:
@@ -271,13 +268,22 @@ class SlurmNodeProvider(NodeProvider):
         return any(all(t.get(k) == v for k, v in tag_filters.items()) for t in candidates)
 
     def is_running(self, node_id: str) -> bool:
+        answer = self._answers.get(node_id)
+        return answer[1] if answer is not None else self._read_running(node_id)
+
+    def _read_running(self, node_id: str) -> bool:
         rec = self._records().get(node_id)
         return bool(rec and rec.get("launched") and node_id in self._alive_view()[1])
 
     def is_terminated(self, node_id: str) -> bool:
+        """Not from the round's answers: Ray's updater polls it alone, in wait loops."""
         return node_id not in self._alive_view()[1]
 
     def node_tags(self, node_id: str) -> dict[str, str]:
+        answer = self._answers.get(node_id)
+        return answer[0].copy() if answer is not None else self._read_tags(node_id)
+
+    def _read_tags(self, node_id: str) -> dict[str, str]:
         rec = self._records().get(node_id)
         return dict(rec["tags"]) if rec else {}
 
@@ -303,6 +309,7 @@ class SlurmNodeProvider(NodeProvider):
                 doc["nodes"][node_id]["tags"].update(tags)
 
         self.state.update(apply)
+        self._answers = {}
 
     # ------------------------------------------------------------------ create / terminate
     def _allocation(self) -> Allocation:
@@ -328,7 +335,7 @@ class SlurmNodeProvider(NodeProvider):
         with state.lock(timeout=300):
             state.create()
             state.check_launchable()
-            self._live.drop()  # under the lock: what other processes wrote counts
+            self._drop_views()  # under the lock: what other processes wrote counts
             live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
             if live:
                 # a racing `ray up` created it: let this caller find it under its own tags
@@ -342,14 +349,14 @@ class SlurmNodeProvider(NodeProvider):
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
-        self._live.drop()
+        self._drop_views()
         return node_id
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         with self.state.lock(timeout=120):
             self.state.check_launchable()
-            self._live.drop()  # under the lock: what other processes wrote counts
+            self._drop_views()  # under the lock: what other processes wrote counts
             alive = self._alive_view()[1]
             busy = {rec["slurm_node"] for node_id, rec in self._records().items() if node_id in alive}
             free = [n for n in candidates if n not in busy][:count]
@@ -359,7 +366,7 @@ class SlurmNodeProvider(NodeProvider):
                 return
             ids = dict(zip(free, self.state.add_nodes([(n, "worker", tags) for n in free])))
             batch = self.state.read()["next_gen"]
-        self._live.drop()
+        self._drop_views()
         launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
 
     def launch_head_node(self, node_id: str, extra_env: dict[str, str]) -> None:
@@ -413,7 +420,7 @@ class SlurmNodeProvider(NodeProvider):
                 doc["nodes"][node_id]["terminated"] = True
 
         self.state.update(mark)
-        self._live.drop()
+        self._drop_views()
         if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
             self.stop_all()
 

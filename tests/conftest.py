@@ -13,6 +13,19 @@ from testbed_support import REPO, TESTBED, Testbed, require
 TESTBED_DIR = os.environ.get("ERAY_TESTBED_DIR", "/tmp/eray-testbed")
 
 
+@pytest.fixture
+def bindir(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A directory first on PATH for fake SLURM commands (the logic around the commands,
+    not SLURM: live tests drive the test bed), with retries 10 ms apart."""
+    from eray_provider import slurm_cli
+
+    d = tmp_path / "bin"
+    d.mkdir()
+    monkeypatch.setenv("PATH", f"{d}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_cli, "RETRY_DELAY", 0.01)
+    return d
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
     """A running test bed; reused when one is up, torn down only if this session started it."""

@@ -7,7 +7,6 @@ commands; the live fault-injection tests drive the real test bed).
 
 from __future__ import annotations
 
-import os
 import shlex
 import stat
 import time
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 
-from eray_provider import slurm_cli
 from eray_provider.allocation import Allocation, NodeShare
 from eray_provider.cluster_config import fill_config
 from eray_provider.cluster_state import ClusterState, ClusterStoppingError
@@ -54,15 +52,6 @@ def flaky(bindir: Path, name: str, failures: int, stdout: str = "", stderr: str 
 def calls(bindir: Path, name: str) -> int:
     path = bindir / f"{name}.calls"
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-@pytest.fixture
-def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "bin"
-    d.mkdir()
-    monkeypatch.setenv("PATH", f"{d}:{os.environ['PATH']}")
-    monkeypatch.setattr(slurm_cli, "RETRY_DELAY", 0.01)
-    return d
 
 
 def test_a_transient_failure_is_retried_and_the_answer_returned(bindir: Path) -> None:

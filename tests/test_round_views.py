@@ -1,0 +1,102 @@
+"""The round's answers: ``node_tags`` and ``is_running`` served from what the last
+``non_terminated_nodes`` computed (a dict lookup each at 10,000 nodes), never stale
+after this provider's own writes, and recomputed when another process wrote."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS
+from test_slurm_failures import _provider, fake
+
+from eray_provider.cluster_state import READ_FRESH_SECONDS, ClusterState
+from eray_provider.views import LiveView, Memo
+
+LISTING = "echo '77.0 eray.c.head.1'; echo '77.1 eray.c.worker.2'\n"
+
+
+def test_a_memo_is_reused_only_for_the_very_same_inputs() -> None:
+    calls: list[tuple] = []
+    memo: Memo[int] = Memo()
+    a, b = {"x": 1}, {"x": 1}  # equal, not the same object
+
+    def compute(*inputs: dict) -> int:
+        calls.append(inputs)
+        return len(calls)
+
+    assert memo.get((a,), compute) == 1
+    assert memo.get((a,), compute) == 1
+    assert memo.get((b,), compute) == 2  # equal contents do not pass for the same input
+    assert memo.get((b, a), compute) == 3
+    memo.drop()
+    assert memo.get((b, a), compute) == 4
+
+
+def test_a_live_view_asks_for_its_inputs_again_only_after_the_freshness_window() -> None:
+    view = LiveView()
+    records = [{"n1": 1}]
+    asked = []
+
+    def inputs() -> tuple:
+        asked.append(1)
+        return (records[0],)
+
+    assert view.get(inputs, lambda r: list(r))[1] == frozenset({"n1"})
+    records[0] = {"n1": 1, "n2": 2}
+    assert view.get(inputs, lambda r: list(r))[0] == ["n1"]  # inside the window
+    assert len(asked) == 1
+    time.sleep(READ_FRESH_SECONDS + 0.05)
+    assert view.get(inputs, lambda r: list(r))[0] == ["n1", "n2"]
+    view.drop()
+    assert view.get(inputs, lambda r: list(r))[0] == ["n1", "n2"] and len(asked) == 3
+
+
+def test_node_tags_and_is_running_answer_from_the_round(bindir: Path, tmp_path: Path) -> None:
+    fake(bindir, "squeue", LISTING)
+    provider, _ = _provider(tmp_path)
+    assert provider.non_terminated_nodes({}) == ["n1.1", "n2.2"]
+    tags = provider.node_tags("n2.2")
+    assert tags == {TAG_RAY_NODE_KIND: "worker"} and provider.is_running("n2.2")
+    tags["mutated"] = "by the caller"  # a copy: the next answer is not changed by it
+    assert provider.node_tags("n2.2") == {TAG_RAY_NODE_KIND: "worker"}
+    # a node outside the round is read from the state, not assumed
+    assert provider.node_tags("n9.9") == {} and not provider.is_running("n9.9")
+
+
+def test_the_providers_own_tag_write_is_answered_at_once(bindir: Path, tmp_path: Path) -> None:
+    fake(bindir, "squeue", LISTING)
+    provider, _ = _provider(tmp_path)
+    provider.non_terminated_nodes({})
+    provider.set_node_tags("n2.2", {TAG_RAY_NODE_STATUS: "setting-up"})
+    assert provider.node_tags("n2.2")[TAG_RAY_NODE_STATUS] == "setting-up"
+    provider.non_terminated_nodes({})
+    assert provider.node_tags("n2.2")[TAG_RAY_NODE_STATUS] == "setting-up"
+
+
+def test_another_process_write_is_answered_from_the_next_round(bindir: Path, tmp_path: Path) -> None:
+    fake(bindir, "squeue", LISTING)
+    provider, _ = _provider(tmp_path)
+    provider.non_terminated_nodes({})
+    other = ClusterState("c", "77", tmp_path / "state")  # the head's monitor, say
+
+    def mark(doc):
+        doc["nodes"]["n2.2"]["tags"][TAG_RAY_NODE_STATUS] = "update-failed"
+        doc["nodes"]["n2.2"]["terminated"] = True
+
+    other.update(mark)
+    time.sleep(READ_FRESH_SECONDS + 0.05)
+    assert provider.non_terminated_nodes({}) == ["n1.1"]
+    assert not provider.is_running("n2.2") and provider.is_terminated("n2.2")
+    assert provider.node_tags("n2.2")[TAG_RAY_NODE_STATUS] == "update-failed"
+
+
+def test_is_terminated_does_not_wait_for_a_round(bindir: Path, tmp_path: Path) -> None:
+    """Ray's updater polls ``is_terminated`` alone in its wait loops."""
+    fake(bindir, "squeue", LISTING)
+    provider, _ = _provider(tmp_path)
+    provider.non_terminated_nodes({})
+    other = ClusterState("c", "77", tmp_path / "state")
+    other.update(lambda doc: doc["nodes"]["n2.2"].update(terminated=True))
+    time.sleep(READ_FRESH_SECONDS + 0.05)
+    assert provider.is_terminated("n2.2")
