@@ -4,11 +4,11 @@ For batch scripts that never type ``ray up``. Run from the batch step (or with `
 --ntasks-per-node=1``, where the task on the job's first node does the work and the others
 return at once), it builds the same cluster the provider builds (port plan, token,
 per-node temp dirs, resources, runtime hook): the head on the first node, every other
-node a worker, each in a step of its own. It waits until every node has joined (bounded
-by ``--timeout``), runs COMMAND once as the driver on this node with the cluster's address
-and token set, then cancels the cluster's steps, removes its temp dirs and state, and
-exits with COMMAND's status. SIGTERM/SIGINT (``scancel``, the end of the time limit) are
-passed to COMMAND and the cluster is torn down the same way.
+node a worker, each in a step of its own, all started at once. It waits until every
+node has joined (bounded by ``--timeout``), runs COMMAND once as the driver on this node
+with the cluster's address and token set, then cancels the cluster's steps, removes its
+temp dirs and state, and exits with COMMAND's status. SIGTERM/SIGINT (``scancel``, the
+end of the time limit) are passed to COMMAND and the cluster is torn down the same way.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from .launch import (
     LaunchError,
     TeardownError,
     ensure_port_plan,
-    launch_head,
+    head_log,
     launch_workers,
     node_client_env,
+    start_head,
     teardown,
+    wait_head_ready,
     wait_joined,
 )
 from .node_spec import worker_types
@@ -42,12 +44,6 @@ DEFAULT_JOIN_TIMEOUT = 300.0
 
 def _log(msg: str) -> None:
     print(f"eray-provider: {msg}", file=sys.stderr, flush=True)
-
-
-def _records(state: ClusterState, specs: list[tuple[str, str, str]]) -> dict[str, str]:
-    """Node records (slurm node, role, node type); returns slurm node -> node id."""
-    ids = state.add_nodes([(node, role, {"ray-user-node-type": kind}) for node, role, kind in specs])
-    return {spec[0]: node_id for spec, node_id in zip(specs, ids)}
 
 
 def job_cluster_config(alloc: Allocation, cluster_name: str, provider_options: dict | None = None) -> dict:
@@ -70,8 +66,10 @@ def job_cluster_config(alloc: Allocation, cluster_name: str, provider_options: d
 def start_cluster(
     state: ClusterState, alloc: Allocation, provider: dict, join_timeout: float, stopped=lambda: False
 ) -> str:
-    """Port plan, head, workers (one srun per node type), then wait until every node of
-    ``alloc`` has joined; returns the GCS address. The caller tears down (``teardown``)."""
+    """Port plan, then every node at once: the head's step and the workers' (one srun per
+    node type), the workers waiting on their nodes for the head's GCS; then wait until
+    every node of ``alloc`` has joined. Returns the GCS address; the caller tears down
+    (``teardown``)."""
     t0 = time.monotonic()
     python = provider["python"]
     with state.lock(timeout=120):
@@ -79,13 +77,19 @@ def start_cluster(
         ensure_port_plan(state, alloc, python)
         state.save_cluster_config({"provider": provider})
     head = alloc.head.name
-    ids = _records(state, [(head, "head", "ray.head.slurm")])
-    address = launch_head(state, ids[head], head, {}, python)
+    types = worker_types(alloc)
+    specs = [(head, "head", {"ray-user-node-type": "ray.head.slurm"})] + [
+        (share.name, "worker", {"ray-user-node-type": node_type})
+        for node_type, shares in types.items()
+        for share in shares
+    ]
+    ids = dict(zip((spec[0] for spec in specs), state.add_nodes(specs)))
+    proc = start_head(state, ids[head], head, {}, python)
+    for batch, (node_type, shares) in enumerate(types.items(), start=1):
+        launch_workers(state, {s.name: ids[s.name] for s in shares}, node_type, python, batch)
+    address = wait_head_ready(state, ids[head], proc, head_log(state, ids[head]))
     _log(f"head on {head} at {address} ({time.monotonic() - t0:.1f} s)")
-    for batch, (node_type, shares) in enumerate(worker_types(alloc).items(), start=1):
-        worker_ids = _records(state, [(s.name, "worker", node_type) for s in shares])
-        launch_workers(state, worker_ids, node_type, python, batch)
-    wait_joined(state, address, len(alloc.nodes), join_timeout, stopped)
+    wait_joined(state, address, list(ids.values()), join_timeout, stopped)
     _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s)")
     return address
 

@@ -132,6 +132,9 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
     fraction = float(provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION))
     if not 0 < fraction < 1:
         raise ClusterConfigError(f"provider.object_store_fraction must be in (0, 1), got {fraction}")
+    wait = provider.get("wait_for_workers", True)
+    if not isinstance(wait, bool):
+        raise ClusterConfigError(f"provider.wait_for_workers must be true or false, got {wait!r}")
     alloc = select_nodes(alloc, provider, max_workers)
 
     head_res = ray_resources(alloc.head, alloc.job_id, fraction)

@@ -398,6 +398,9 @@ class SlurmJobProvider(SlurmNodeProvider):
                 cli_logger.print(f"The head's SLURM job {job} is {info.state} ({reason})")
             time.sleep(1)
 
+    def _start_workers_with_head(self) -> None:
+        """Nothing: an elastic cluster's workers are jobs that the autoscaler submits."""
+
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
         alloc = select_nodes(scontrol_job(job), self.provider_config, 0)

@@ -2,9 +2,11 @@
 
 Head: launched from the launcher host (where ``ray up`` runs) as a detached srun client
 holding the head's step, then waited for until the GCS reports the head alive. Workers:
-launched by the head's provider in one srun step per launch batch (one task per node),
-whatever the batch size. Teardown cancels exactly this cluster's steps (named
-``eray.<cluster>.*``), then removes the nodes' temp dirs in one srun.
+one srun step per launch batch (one task per node), whatever the batch size. A cluster
+of fixed nodes starts every node at once: its workers are launched with the head, not
+after it, and each waits on its node for the head's GCS (``node_run``), so the cluster
+is up in one node's start time, not two. Teardown cancels exactly this cluster's steps
+(named ``eray.<cluster>.*``), then removes the nodes' temp dirs in one srun.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,14 @@ from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
 from .hostlist import compress
 from .names import is_cluster_step, step_name
-from .port_probe import NodeReport, ProbeError, check_answered, exclusions_from_reports, parse_reports
+from .port_probe import (
+    NodeReport,
+    ProbeError,
+    check_answered,
+    exclusions_from_reports,
+    parse_reports,
+    port_open,
+)
 from .ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
 from .slurm_cli import SlurmCommandError, host_exclusions
 from .srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
@@ -202,7 +210,20 @@ def launch_head(
     Idempotent: a second ``ray up`` (or two racing ones) finds the head launched and only
     waits for it, so there is never a second head.
     """
-    log = state.logs / f"{node_id}.log"
+    proc = start_head(state, node_id, slurm_node, extra_env, python)
+    return wait_head_ready(state, node_id, proc, head_log(state, node_id))
+
+
+def head_log(state: ClusterState, node_id: str):
+    return state.logs / f"{node_id}.log"
+
+
+def start_head(
+    state: ClusterState, node_id: str, slurm_node: str, extra_env: Mapping[str, str], python: str
+) -> subprocess.Popen | None:
+    """Launch the head's step unless it is launched already (and has not exited); does not
+    wait. Returns the srun client, None when nothing was launched."""
+    log = head_log(state, node_id)
     with state.lock(timeout=120):
         state.check_launchable()
         doc = state.read()
@@ -215,7 +236,7 @@ def launch_head(
             doc = json.loads(json.dumps(doc))
             doc["nodes"][node_id].update(step_name=name, launched=time.time())
             state.write(doc)
-    return wait_head_ready(state, node_id, proc, log)
+    return proc
 
 
 def launch_workers(
@@ -266,20 +287,12 @@ def wait_head_ready(
         if (proc is not None and proc.poll() is not None) or state.read_marker(node_id, "exit") is not None:
             raise LaunchError(f"the head's Ray exited during start; {log}:\n{_tail(log)}")
         ip = state.read_marker(node_id, "ip")
-        if ip and _port_open(ip, plan.gcs):
+        if ip and port_open(ip, plan.gcs):
             address = f"{ip}:{plan.gcs}"
             if ip in (gcs_alive_ips(state, address) or ()):
                 return address
         time.sleep(0.5)
     raise LaunchError(f"the head was not alive after {timeout:.0f} s; {log}:\n{_tail(log)}")
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def gcs_alive_ips(state: ClusterState, address: str, timeout: float = 30) -> set[str] | None:
@@ -408,26 +421,28 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     print(f"eray-provider: warning: {error}; the job has ended, so it is left there", file=sys.stderr)
 
 
-def wait_joined(state: ClusterState, address: str, count: int, timeout: float, stopped=lambda: False) -> None:
-    """Until the GCS lists ``count`` alive nodes; names the nodes missing on timeout."""
+def wait_joined(
+    state: ClusterState, address: str, node_ids: Sequence[str], timeout: float, stopped=lambda: False
+) -> None:
+    """Until the GCS lists every node of ``node_ids`` alive (by the address each node
+    recorded). Raises ``LaunchError`` when one of them exited, ``TimeoutError`` naming the
+    SLURM nodes missing after ``timeout``."""
     deadline = time.monotonic() + timeout
-    alive: set[str] = set()
+    missing = list(node_ids)
+    ips: dict[str, str] = {}  # a node id's address never changes: each marker read once
     while time.monotonic() < deadline and not stopped():
-        failed = [n for n in state.markers() if n.endswith(".exit")]
+        markers = state.markers()
+        failed = [i for i in node_ids if f"{i}.exit" in markers]
         if failed:
-            raise LaunchError(f"node(s) {[n[:-5] for n in failed]} exited while joining; see {state.logs}")
+            raise LaunchError(f"node(s) {failed} exited while joining; see {state.logs}")
+        for i in missing:
+            if i not in ips and f"{i}.ip" in markers:
+                ips[i] = state.read_marker(i, "ip") or ""
         alive = gcs_alive_ips(state, address) or set()
-        if len(alive) >= count:
+        missing = [i for i in missing if ips.get(i) not in alive]
+        if not missing:
             return
         time.sleep(1)
-    recorded = {
-        name[: -len(".ip")]: state.read_marker(name[: -len(".ip")], "ip")
-        for name in state.markers()
-        if name.endswith(".ip")
-    }
-    missing = sorted(
-        rec["slurm_node"]
-        for node_id, rec in state.read()["nodes"].items()
-        if recorded.get(node_id) not in alive
-    )
-    raise TimeoutError(f"node(s) {missing} did not join within {timeout:.0f} s; see {state.logs}")
+    records = state.read()["nodes"]
+    names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
+    raise TimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")

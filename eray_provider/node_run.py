@@ -22,17 +22,23 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 from .allocation import Allocation
 from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
 from .hostlist import HostlistError, expand
 from .node_spec import StartSpec
-from .port_probe import busy_ports
+from .port_probe import busy_ports, port_open
 from .ports import PortPlan, candidates, choose_plan
 from .process_identity import identity
 from .sbatch import elastic_node_id
 from .slurm_cli import host_exclusions, load_allocation
+
+#: How long a worker waits for the head's GCS to accept connections (the head's own
+#: start, its setup commands included, must fit in it).
+HEAD_WAIT_SECONDS = 600.0
+HEAD_POLL_SECONDS = 0.25
 
 
 class NodeRunError(RuntimeError):
@@ -130,6 +136,33 @@ def local_port_plan(job_id: str) -> PortPlan:
     return choose_plan(job_id, exclusions, busy_ports([p for c in cands for p in c.all_ports()]))
 
 
+def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
+    """``ip:port`` of the head's GCS once it accepts connections: a worker launched with
+    the head waits here. Raises ``NodeRunError`` when the head exits first or is not
+    reachable within ``timeout`` (naming the head and its port), and
+    ``ClusterStoppingError`` when the cluster is being stopped meanwhile."""
+    deadline = time.monotonic() + timeout
+    head = None
+    while True:
+        state.check_launchable()
+        heads = [
+            i for i, r in state.read()["nodes"].items() if r["role"] == "head" and not r.get("terminated")
+        ]
+        head = heads[-1] if heads else None
+        if head is not None:
+            if state.read_marker(head, "exit") is not None:
+                raise NodeRunError(f"the head {head} exited before this node could join (see {state.logs})")
+            ip = state.read_marker(head, "ip")
+            if ip and port_open(ip, gcs_port):
+                return f"{ip}:{gcs_port}"
+        if time.monotonic() > deadline:
+            where = f"head {head}" if head else "no head recorded"
+            raise NodeRunError(
+                f"the head's GCS (port {gcs_port}, {where}) did not open within {timeout:.0f} s"
+            )
+        time.sleep(HEAD_POLL_SECONDS)
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -173,13 +206,27 @@ def main() -> int:
         state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
         state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
+        n_workers = max(len(alloc.workers), 10)
+        ray_env = dict(
+            env,
+            HOME=str(state.home),
+            # everything Ray and Python create in temp dirs goes into ours; the user's own
+            # TMPDIR is kept aside for the nodes this one launches (the head's workers)
+            TMPDIR=tmp,
+            ERAY_USER_TMPDIR=env.get("ERAY_USER_TMPDIR", env.get("TMPDIR", "")),
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(state.token_path),
+            RAY_CLOUD_INSTANCE_ID=node_id,
+            RAY_USAGE_STATS_ENABLED="0",
+            AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
+            AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
+        )
+        ray_env.pop("RAY_ADDRESS", None)
         head_address = None
         if role == "worker":
-            heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head"]
-            head_ip = state.read_marker(heads[-1], "ip") if heads else None
-            if not head_ip:
-                raise NodeRunError("the head has not recorded its address")
-            head_address = f"{head_ip}:{plan.gcs}"
+            # while the head starts (a cluster of fixed nodes starts every node at once)
+            _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
+            head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
         spec = StartSpec(
             share=alloc.node(node_name),
             job_id=alloc.job_id,
@@ -195,23 +242,7 @@ def main() -> int:
             node_index=alloc.node_names.index(node_name),
             metrics_export=bool(provider.get("metrics_export")),
         )
-        n_workers = max(len(alloc.workers), 10)
-        ray_env = dict(
-            env,
-            **spec.env(),
-            HOME=str(state.home),
-            # everything Ray and Python create in temp dirs goes into ours; the user's own
-            # TMPDIR is kept aside for the nodes this one launches (the head's workers)
-            TMPDIR=tmp,
-            ERAY_USER_TMPDIR=env.get("ERAY_USER_TMPDIR", env.get("TMPDIR", "")),
-            RAY_AUTH_MODE="token",
-            RAY_AUTH_TOKEN_PATH=str(state.token_path),
-            RAY_CLOUD_INSTANCE_ID=node_id,
-            RAY_USAGE_STATS_ENABLED="0",
-            AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
-            AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
-        )
-        ray_env.pop("RAY_ADDRESS", None)
+        ray_env.update(spec.env())
         if not provider.get("bind_all_interfaces"):
             shim = shim_path()
             if shim:
@@ -228,8 +259,6 @@ def main() -> int:
             # worker jobs may wait in the queue far longer than Ray's default hour
             ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(provider["pending_timeout_s"])
         ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
-        if role == "worker":
-            _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
         argv = spec.argv()

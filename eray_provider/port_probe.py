@@ -54,6 +54,15 @@ def busy_ports(ports: list[int]) -> list[int]:
     return busy
 
 
+def port_open(host: str, port: int, timeout: float = 2) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (a GCS that is up)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def parse_ephemeral(text: str, where: str = EPHEMERAL_FILE) -> tuple[int, int]:
     """``32768\\t60999`` -> (32768, 60999); anything else raises naming ``where``."""
     parts = text.split()

@@ -23,8 +23,10 @@ from ray.autoscaler._private.cli_logger import cli_logger
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
     STATUS_UP_TO_DATE,
     TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_NAME,
     TAG_RAY_NODE_STATUS,
     TAG_RAY_USER_NODE_TYPE,
 )
@@ -38,10 +40,13 @@ from .launch import (
     STEP_GRACE_SECONDS,
     LaunchError,
     ensure_port_plan,
+    gcs_alive_ips,
     launch_head,
     launch_workers,
     teardown,
+    wait_joined,
 )
+from .node_spec import worker_types
 from .process_identity import signal_command
 from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
@@ -56,11 +61,18 @@ STEP_CACHE_SECONDS = 5.0
 UNKNOWN: dict[str, str] = {}
 #: Seconds the srun that signals one node's process may take.
 SIGNAL_TIMEOUT = 60.0
+#: How long ``ray up`` waits for the workers launched with the head to join.
+WORKERS_JOIN_TIMEOUT = 300.0
 #: How long a node also answers to the tags a racing create_node asked for.
 REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
 #: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
 Answers = dict[str, tuple[dict[str, str], bool]]
+
+
+def _fixed_worker(rec: dict[str, Any]) -> bool:
+    """A worker of the allocation that is not terminated (elastic workers are jobs)."""
+    return rec["role"] == "worker" and not rec.get("terminated") and "slurm_job" not in rec
 
 
 def _unlink_quietly(path: str) -> None:
@@ -350,7 +362,23 @@ class SlurmNodeProvider(NodeProvider):
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
         self._drop_views()
+        self._start_workers_with_head()
         return node_id
+
+    def _start_workers_with_head(self) -> None:
+        """A cluster of fixed nodes starts every node at once: the workers that the head's
+        autoscaler would launch once the head is up (``min_workers`` of each type, that
+        is every node of the allocation) are launched now, with the head, and wait on
+        their nodes for its GCS (``node_run.wait_for_head``). The autoscaler finds them
+        among this provider's nodes and adopts them (Ray matches its nodes to them by
+        ``RAY_CLOUD_INSTANCE_ID``); a worker that ends later is replaced by it."""
+        for node_type, shares in worker_types(self._allocation()).items():
+            tags = {
+                TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+                TAG_RAY_USER_NODE_TYPE: node_type,
+                TAG_RAY_NODE_NAME: f"ray-{self.cluster_name}-worker",
+            }
+            self._create_workers([s.name for s in shares], tags, len(shares))
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
@@ -370,12 +398,30 @@ class SlurmNodeProvider(NodeProvider):
         launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
 
     def launch_head_node(self, node_id: str, extra_env: dict[str, str]) -> None:
+        """The head's start command under ``ray up``: start it, wait until it is alive, then
+        (``provider.wait_for_workers``, default true) until the workers launched with it
+        have joined, and say how many nodes are alive."""
         rec = self._records()[node_id]
         try:
             address = launch_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
         except (LaunchError, ClusterStoppingError) as e:
             cli_logger.abort(str(e))
         logger.info("head %s alive at %s", node_id, address)
+        workers = [i for i, r in self._records().items() if _fixed_worker(r) and r.get("launched")]
+        if not workers or not self.provider_config.get("wait_for_workers", True):
+            cli_logger.print(f"eray-provider: head alive at {address}; {len(workers)} worker(s) starting")
+            return
+        total = len(workers) + 1
+        try:
+            wait_joined(self.state, address, workers, WORKERS_JOIN_TIMEOUT)
+            counted = f"{total} of {total} nodes alive"
+        except (LaunchError, TimeoutError) as e:
+            cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")
+            alive = gcs_alive_ips(self.state, address)
+            counted = (
+                f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
+            )
+        cli_logger.print(f"eray-provider: {counted} (head at {address})")
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster: its steps only, then temp dirs and state

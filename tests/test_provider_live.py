@@ -46,8 +46,10 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         stray.parent.mkdir(exist_ok=True)
         stray.write_text("a-stale-token-of-another-cluster")
     try:
-        cluster.up()
-        nodes = cluster.wait_nodes(3)
+        up = cluster.up()
+        # every node starts with the head, and `ray up` returns once all have joined
+        assert "eray-provider: 3 of 3 nodes alive" in up.stdout + up.stderr, up.stdout[-3000:]
+        nodes = cluster.wait_nodes(3, timeout=60)
         by_node = {n["labels"]["slurm-node"]: n for n in nodes}
         assert sorted(by_node) == ["node1", "node2", "node3"]
         head_ip = cluster.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1].split(":")[0]

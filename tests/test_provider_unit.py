@@ -66,6 +66,11 @@ def test_max_workers_subset_and_errors() -> None:
     with pytest.raises(ClusterConfigError, match="max_workers must be an integer"):
         filled(max_workers="lots")
     user = copy.deepcopy(USER)
+    user["provider"]["wait_for_workers"] = "no"
+    with pytest.raises(ClusterConfigError, match=r"wait_for_workers must be true or false, got 'no'"):
+        fill_config(prepare_config(user), ALLOC)
+    user["provider"]["wait_for_workers"] = False
+    assert fill_config(prepare_config(user), ALLOC)["provider"]["wait_for_workers"] is False
     user["provider"]["nodes"] = "g[2-3],zz9"
     with pytest.raises(ClusterConfigError, match=r"\['zz9'\] outside job 77"):
         fill_config(prepare_config(user), ALLOC)
