@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .allocation import Allocation
 from .bind_shim import bind_env, shim_path
@@ -30,7 +30,6 @@ from .port_probe import (
     check_answered,
     exclusions_from_reports,
     parse_reports,
-    port_open,
 )
 from .ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
 from .slurm_cli import SlurmCommandError, host_exclusions
@@ -275,7 +274,7 @@ def _tail(path, lines: int = 25) -> str:
 def wait_head_ready(
     state: ClusterState,
     node_id: str,
-    proc: subprocess.Popen,
+    proc: subprocess.Popen | None,
     log,
     timeout: float = HEAD_READY_TIMEOUT,
 ) -> str:
@@ -283,16 +282,65 @@ def wait_head_ready(
     deadline = time.monotonic() + timeout
     plan = state.ports()
     assert plan is not None
-    while time.monotonic() < deadline:
+
+    def failed() -> str | None:
         if (proc is not None and proc.poll() is not None) or state.read_marker(node_id, "exit") is not None:
-            raise LaunchError(f"the head's Ray exited during start; {log}:\n{_tail(log)}")
-        ip = state.read_marker(node_id, "ip")
-        if ip and port_open(ip, plan.gcs):
-            address = f"{ip}:{plan.gcs}"
-            if ip in (gcs_alive_ips(state, address) or ()):
-                return address
-        time.sleep(0.5)
-    raise LaunchError(f"the head was not alive after {timeout:.0f} s; {log}:\n{_tail(log)}")
+            return f"the head's Ray exited during start; {log}:\n{_tail(log)}"
+        return None
+
+    while (ip := state.read_marker(node_id, "ip")) is None and time.monotonic() < deadline:
+        if reason := failed():
+            raise LaunchError(reason)
+        time.sleep(0.25)
+    if ip is None or watch_alive(state, f"{ip}:{plan.gcs}", [node_id], deadline - time.monotonic(), failed):
+        raise LaunchError(f"the head was not alive after {timeout:.0f} s; {log}:\n{_tail(log)}")
+    return f"{ip}:{plan.gcs}"
+
+
+def watch_alive(
+    state: ClusterState,
+    address: str,
+    node_ids: Sequence[str],
+    timeout: float,
+    failed: Callable[[], str | None] = lambda: None,
+    stopped: Callable[[], bool] = lambda: False,
+) -> list[str]:
+    """Wait until the GCS at ``address`` lists every node of ``node_ids`` alive; returns
+    those still missing after ``timeout`` (or when ``stopped()``), [] when all are alive.
+    ``failed()`` is asked meanwhile and ends the wait with ``LaunchError`` (a node that
+    exited). One watcher process does the polling (``gcs_probe --wait``): a Python and
+    Ray client started once, not once per poll, on machines busy starting Ray."""
+    env = dict(os.environ, **cluster_env(state))
+    env.pop("RAY_ADDRESS", None)
+    limit = max(timeout, 1.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eray_provider.gcs_probe", address, "--wait", f"--timeout={limit:.1f}"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("\n".join(node_ids) + "\n")
+        proc.stdin.close()
+        deadline = time.monotonic() + limit + 30  # the watcher's own deadline, and a margin
+        while proc.poll() is None:
+            if reason := failed():
+                raise LaunchError(reason)
+            if stopped() or time.monotonic() > deadline:
+                return list(node_ids)
+            time.sleep(0.25)
+        if proc.returncode == 0:
+            return []
+        out = proc.stdout.read()
+        missing = out.rpartition(": ")[2].split() if "not alive" in out else []
+        return [i for i in node_ids if i in missing] or list(node_ids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def gcs_alive_ips(state: ClusterState, address: str, timeout: float = 30) -> set[str] | None:
@@ -424,25 +472,16 @@ def _remove_temp_dirs(state: ClusterState) -> None:
 def wait_joined(
     state: ClusterState, address: str, node_ids: Sequence[str], timeout: float, stopped=lambda: False
 ) -> None:
-    """Until the GCS lists every node of ``node_ids`` alive (by the address each node
-    recorded). Raises ``LaunchError`` when one of them exited, ``TimeoutError`` naming the
-    SLURM nodes missing after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    missing = list(node_ids)
-    ips: dict[str, str] = {}  # a node id's address never changes: each marker read once
-    while time.monotonic() < deadline and not stopped():
+    """Until the GCS lists every node of ``node_ids`` alive. Raises ``LaunchError`` when one
+    of them exited, ``TimeoutError`` naming the SLURM nodes missing after ``timeout``."""
+
+    def failed() -> str | None:
         markers = state.markers()
-        failed = [i for i in node_ids if f"{i}.exit" in markers]
-        if failed:
-            raise LaunchError(f"node(s) {failed} exited while joining; see {state.logs}")
-        for i in missing:
-            if i not in ips and f"{i}.ip" in markers:
-                ips[i] = state.read_marker(i, "ip") or ""
-        alive = gcs_alive_ips(state, address) or set()
-        missing = [i for i in missing if ips.get(i) not in alive]
-        if not missing:
-            return
-        time.sleep(1)
-    records = state.read()["nodes"]
-    names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
-    raise TimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")
+        gone = [i for i in node_ids if f"{i}.exit" in markers]
+        return f"node(s) {gone} exited while joining; see {state.logs}" if gone else None
+
+    missing = watch_alive(state, address, node_ids, timeout, failed, stopped)
+    if missing:
+        records = state.read()["nodes"]
+        names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
+        raise TimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")

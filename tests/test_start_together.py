@@ -1,0 +1,95 @@
+"""Every node at once: a worker launched with the head waits on its node for the head's
+GCS (bounded, with the reasons to stop early), and the launcher waits through one GCS
+watcher process. The live tests (``test_provider_live``, ``test_batch_live``) start
+real clusters this way; here are the waits' edges."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from eray_provider.cluster_state import ClusterState, ClusterStoppingError
+from eray_provider.launch import LaunchError, watch_alive
+from eray_provider.node_run import NodeRunError, wait_for_head
+
+
+def _state(tmp_path: Path) -> ClusterState:
+    state = ClusterState("c", "77", tmp_path / "state")
+    state.create()
+    state.add_nodes([("n1", "head", {}), ("n2", "worker", {})])
+    return state
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_worker_waits_for_the_heads_address_and_port(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def head_comes_up() -> None:
+        time.sleep(0.5)
+        state.write_marker("n1.1", "ip", "127.0.0.1")
+        time.sleep(0.5)
+        server.listen()
+
+    threading.Thread(target=head_comes_up, daemon=True).start()
+    started = time.monotonic()
+    assert wait_for_head(state, port, timeout=30) == f"127.0.0.1:{port}"
+    assert time.monotonic() - started >= 0.9  # it waited for both, it did not guess
+    server.close()
+
+
+def test_a_worker_gives_up_naming_the_head_and_port(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.write_marker("n1.1", "ip", "127.0.0.1")
+    port = _free_port()  # nothing listens
+    with pytest.raises(NodeRunError, match=rf"GCS \(port {port}, head n1\.1\) did not open within 1 s"):
+        wait_for_head(state, port, timeout=1)
+
+
+def test_a_worker_stops_waiting_when_the_head_exits(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.write_marker("n1.1", "exit", "1")
+    with pytest.raises(NodeRunError, match=r"head n1\.1 exited before this node could join"):
+        wait_for_head(state, _free_port(), timeout=60)
+
+
+def test_a_worker_stops_waiting_when_the_cluster_is_being_stopped(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    with state.lock():
+        state.mark_stopping()
+    with pytest.raises(ClusterStoppingError):
+        wait_for_head(state, _free_port(), timeout=60)
+
+
+def test_the_gcs_watcher_reports_what_is_missing(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    address = f"127.0.0.1:{_free_port()}"
+    assert watch_alive(state, address, ["n1.1", "n2.2"], timeout=1) == ["n1.1", "n2.2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "eray_provider.gcs_probe", address, "--wait", "--timeout=0.5"],
+        input="n1.1\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and f"the GCS at {address} did not open within 0 s" in proc.stdout
+
+
+def test_the_gcs_watch_ends_when_a_node_exits(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    address = f"127.0.0.1:{_free_port()}"
+    with pytest.raises(LaunchError, match=r"n2\.2 exited"):
+        watch_alive(state, address, ["n2.2"], timeout=60, failed=lambda: "n2.2 exited")
