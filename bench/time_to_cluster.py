@@ -1,36 +1,100 @@
-"""Wall time from nothing to every node of a 3-node allocation alive in Ray, side by side:
+"""Wall time from a granted allocation to every node alive in Ray, arm beside arm.
 
-(a) ``ray up`` with eray-provider (readiness checked, workers launched in one srun);
-(b) the sbatch template from Ray's SLURM docs: ``srun ... ray start --head --block &``,
-    ``sleep 10``, then one ``srun ... ray start --address ... --block &`` per worker with
-    ``sleep 5`` after each (the template's values; ``--head-sleep``/``--worker-sleep``).
+Arms, each in an allocation of its own of ``--nodes`` nodes on the SLURM test bed:
 
-Both run in the same allocation size on the SLURM test bed, one after the other, and
-"alive" is measured the same way for both: a GCS poll until it lists every node.
-Run as root with the test bed up: ``python bench/time_to_cluster.py``.
+(a) ``eray``: ``ray up`` with eray-provider (readiness checked, every node started at
+    once, ``ray up`` returning when all have joined);
+(b) ``template``: the sbatch template from Ray's SLURM docs: ``srun ... ray start --head
+    --block &``, ``sleep 10``, then one ``srun ... ray start --address ... --block &`` per
+    worker with ``sleep 5`` after each (the template's values; ``--head-sleep``,
+    ``--worker-sleep``);
+(c) ``nosleep``: the same template without its sleeps (the workers' ``ray start`` may
+    then meet no GCS yet: a run in which a node never joins is counted as failed);
+(d) ``bare``: the limit, one node's bare ``ray start --head --block`` and nothing else.
+
+"Alive" is measured the same way for every arm: one poller process per run, started with
+the arm, that waits for the GCS port and then asks the GCS for its alive nodes every
+0.2 s, so no arm pays a Python start per poll. The clock starts when the arm's first
+command is run (the allocation is granted before). Each arm runs ``--repeats`` times, in
+an order that alternates from round to round; round 0 is a warm-up (page cache, imports)
+reported apart and left out of the figures. Printed per arm: min / median / max, and the
+ratios of medians against (a).
+
+    python bench/time_to_cluster.py [--nodes 3] [--repeats 3] [--cpus 1] [--arms eray,template,nosleep,bare]
+
+Run as root with the test bed up (``scripts/slurm-testbed up --nodes N``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-NODES = 3
+TESTBED = REPO / "scripts" / "slurm-testbed"
+ARMS = ("eray", "template", "nosleep", "bare")
+RUN_TIMEOUT = 300.0
+
+#: Waits for the GCS port, then polls the GCS in-process (Ray's client reads the token
+#: variables once per process, and retries a GCS that is not up without a deadline).
+POLLER = r"""
+import socket, sys, time
+host, port, want, deadline = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+while time.time() < deadline:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+from ray._raylet import GcsClient
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
+client = GcsClient(address=f"{host}:{port}")
+while time.time() < deadline:
+    try:
+        alive = client.get_all_node_info(timeout=5, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    except Exception:
+        alive = {}
+    if len(alive) >= want:
+        print(time.time(), flush=True)
+        sys.exit(0)
+    time.sleep(0.2)
+print(f"at most {len(alive)} of {want} alive", flush=True)
+sys.exit(1)
+"""
 
 
-def env_with_testbed() -> dict[str, str]:
-    out = subprocess.run(
-        [str(REPO / "scripts" / "slurm-testbed"), "env"], capture_output=True, text=True, check=True
-    ).stdout
+class BenchError(RuntimeError):
+    pass
+
+
+def testbed_env(nodes: int) -> dict[str, str]:
+    """The test bed's environment; a clear error when it is down or too small."""
+    status = subprocess.run([str(TESTBED), "status"], capture_output=True, text=True)
+    first = (status.stdout + status.stderr).strip().splitlines()[:1]
+    found = re.match(r"up: (\d+) nodes", first[0]) if first else None
+    if status.returncode != 0 or not found:
+        raise BenchError(
+            f"the SLURM test bed is not up ({' '.join(first) or 'no status'}): run "
+            f"`scripts/slurm-testbed up --nodes {nodes}` first"
+        )
+    if int(found.group(1)) < nodes:
+        raise BenchError(
+            f"the test bed has {found.group(1)} nodes, --nodes {nodes} needs more: "
+            f"`scripts/slurm-testbed down && scripts/slurm-testbed up --nodes {nodes}`"
+        )
+    out = subprocess.run([str(TESTBED), "env"], capture_output=True, text=True, check=True).stdout
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     for line in out.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
@@ -38,120 +102,214 @@ def env_with_testbed() -> dict[str, str]:
     return env
 
 
-def salloc(env: dict[str, str]) -> str:
+def salloc(env: dict[str, str], nodes: int, cpus: int, name: str) -> str:
     out = subprocess.run(
-        ["salloc", "--no-shell", f"-N{NODES}", "-c2", "--mem=3000", "-J", "bench"],
+        ["salloc", "--no-shell", f"-N{nodes}", f"-c{cpus}", "--mem=2000", "-J", name],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
+        timeout=120,
     )
-    return re.search(r"Granted job allocation (\d+)", out.stderr + out.stdout).group(1)
+    found = re.search(r"Granted job allocation (\d+)", out.stderr + out.stdout)
+    if not found:
+        raise BenchError(f"salloc -N{nodes} failed: {(out.stderr + out.stdout).strip()[-500:]}")
+    return found.group(1)
 
 
-def count_alive(address: str, env: dict[str, str]) -> int:
-    proc = subprocess.run(
-        [sys.executable, "-m", "eray_provider.gcs_probe", address],
+def node_names(env: dict[str, str], job: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=env, capture_output=True, text=True)
+    hosts = out.stdout.strip()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", hosts], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
+def node_ip(env: dict[str, str], node: str) -> str:
+    out = subprocess.run(["scontrol", "show", "node", node], env=env, capture_output=True, text=True)
+    return re.search(r"NodeAddr=(\S+)", out.stdout).group(1)
+
+
+def poller(env: dict[str, str], host: str, port: int, want: int) -> subprocess.Popen:
+    deadline = time.time() + RUN_TIMEOUT
+    return subprocess.Popen(
+        [sys.executable, "-c", POLLER, host, str(port), str(want), str(deadline)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
-        timeout=60,
     )
-    return len(proc.stdout.split()) if proc.returncode == 0 else 0
 
 
-def wait_alive(address: str, env: dict[str, str], t0: float, timeout: float = 300) -> float:
-    while time.monotonic() - t0 < timeout:
-        if count_alive(address, env) >= NODES:
-            return time.monotonic() - t0
-        time.sleep(0.5)
-    raise SystemExit(f"not all {NODES} nodes alive at {address} after {timeout} s")
+def busy_seconds() -> float:
+    """CPU seconds this machine has spent busy (all cores, /proc/stat), to tell how much
+    work a start took besides how long: on the test bed every node shares these cores."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
 
 
-def with_provider(env: dict[str, str], workdir: Path) -> float:
-    job = salloc(env)
+#: CPU seconds of the last run from its start to every node alive.
+LAST_CPU: list[float] = [0.0]
+
+
+def alive_at(proc: subprocess.Popen, t0: float, cpu0: float) -> float:
+    """Seconds from ``t0`` to the moment the poller saw every node alive."""
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT + 30)
+    LAST_CPU[0] = busy_seconds() - cpu0
+    if proc.returncode != 0:
+        raise BenchError(out.strip() or "the poller failed")
+    return float(out.split()[-1]) - t0
+
+
+# ------------------------------------------------------------------------------ arms
+def arm_eray(env: dict[str, str], job: str, nodes: list[str], cpus: int, workdir: Path) -> float:
     config = yaml.safe_load((REPO / "cluster_yamls" / "slurm-cluster.yaml").read_text())
-    config["cluster_name"] = "bench"
-    path = workdir / "bench.yaml"
+    config["cluster_name"] = f"ttc{job}"
+    path = workdir / f"ttc-{job}.yaml"
     path.write_text(yaml.safe_dump(config))
     e = dict(env, SLURM_JOB_ID=job)
+    state = Path.home() / ".eray-provider" / f"ttc{job}-{job}"
     try:
-        t0 = time.monotonic()
-        subprocess.run(["ray", "up", "-y", str(path)], env=e, check=True, capture_output=True)
-        state = Path.home() / ".eray-provider" / f"bench-{job}"
-        head_ip = next(state.glob("nodes/node1.*.ip")).read_text().strip()
-        gcs = yaml.safe_load((state / "ports.json").read_text())["gcs"]
+        t0, cpu0 = time.time(), busy_seconds()
+        log = workdir / f"ray-up-{job}.log"
+        with open(log, "wb") as sink:
+            up = subprocess.Popen(["ray", "up", "-y", str(path)], env=e, stdout=sink, stderr=sink)
+        returned: list[float] = []
+        waiter = threading.Thread(target=lambda: (up.wait(), returned.append(time.time())), daemon=True)
+        waiter.start()
+        # the GCS port is in the port plan, written before the head starts
+        deadline = time.monotonic() + 120
+        while not (state / "ports.json").exists():
+            if time.monotonic() > deadline or up.poll() not in (None, 0):
+                raise BenchError(f"ray up wrote no port plan: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        gcs = json.loads((state / "ports.json").read_text())["gcs"]
         e.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"))
-        return wait_alive(f"{head_ip}:{gcs}", e, t0)
+        poll = poller(e, node_ip(env, nodes[0]), gcs, len(nodes))
+        seconds = alive_at(poll, t0, cpu0)
+        waiter.join(timeout=RUN_TIMEOUT)
+        out = log.read_text()
+        if up.returncode != 0:
+            raise BenchError(f"ray up failed: {out[-2000:]}")
+        said = re.findall(r"eray-provider: \d+ of \d+ nodes alive", out)
+        print(f"  (ray up returned at {returned[0] - t0:.1f} s: {said[-1] if said else 'no count'})")
+        return seconds
     finally:
-        subprocess.run(["ray", "down", "-y", str(path)], env=dict(env, SLURM_JOB_ID=job), capture_output=True)
-        subprocess.run(["scancel", job], env=env)
+        subprocess.run(["ray", "down", "-y", str(path)], env=e, capture_output=True, timeout=300)
 
 
-def with_docs_template(env: dict[str, str], head_sleep: float, worker_sleep: float) -> float:
-    job = salloc(env)
-    port = 36379 + int(job) % 1000
-    e = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
-    e["RAY_AUTH_MODE"] = "disabled"
-    procs = []
+def _template(head_sleep: float, worker_sleep: float, head_only: bool = False):
+    def arm(env: dict[str, str], job: str, nodes: list[str], cpus: int, workdir: Path) -> float:
+        port = 36379 + int(job) % 1000
+        e = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+        e["RAY_AUTH_MODE"] = "disabled"
+        head_ip = node_ip(env, nodes[0])
+        procs = []
 
-    def start(node: str, *args: str) -> None:
-        procs.append(
-            subprocess.Popen(
-                [
-                    "srun",
-                    f"--jobid={job}",
-                    "--overlap",
-                    "-N1",
-                    "-n1",
-                    "-w",
-                    node,
-                    "ray",
-                    "start",
-                    "--block",
-                    "--num-cpus=2",
-                    "--disable-usage-stats",
-                    *args,
-                ],
-                env=e,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+        def start(node: str, *args: str) -> None:
+            argv = ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", node]
+            argv += ["ray", "start", "--block", f"--num-cpus={cpus}", "--disable-usage-stats", *args]
+            procs.append(subprocess.Popen(argv, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
+        want = 1 if head_only else len(nodes)
+        t0, cpu0 = time.time(), busy_seconds()
+        poll = poller(e, head_ip, port, want)
+        try:
+            start(nodes[0], "--head", f"--node-ip-address={head_ip}", f"--port={port}")
+            if not head_only:
+                time.sleep(head_sleep)
+                for node in nodes[1:]:
+                    start(node, f"--address={head_ip}:{port}")
+                    time.sleep(worker_sleep)
+            return alive_at(poll, t0, cpu0)
+        finally:
+            poll.kill()
+            subprocess.run(["scancel", job], env=env)
+            for p in procs:
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+    return arm
+
+
+# --------------------------------------------------------------------------- driver
+def run_arm(name: str, arm: Callable, env: dict[str, str], n: int, cpus: int, workdir: Path) -> float | None:
+    job = salloc(env, 1 if name == "bare" else n, cpus, f"ttc-{name}")
     try:
-        t0 = time.monotonic()
-        head_ip = "10.77.0.11"
-        start(
-            "node1", "--head", f"--node-ip-address={head_ip}", f"--port={port}", "--include-dashboard=false"
-        )
-        time.sleep(head_sleep)
-        for k in range(2, NODES + 1):
-            start(f"node{k}", f"--address={head_ip}:{port}")
-            time.sleep(worker_sleep)
-        return wait_alive(f"{head_ip}:{port}", e, t0)
+        nodes = node_names(env, job)
+        return arm(env, job, nodes, cpus, workdir)
+    except (BenchError, subprocess.SubprocessError) as e:
+        print(f"  {name}: FAILED: {e}", flush=True)
+        return None
     finally:
         subprocess.run(["scancel", job], env=env)
-        for p in procs:
-            p.wait(timeout=60)
+        wait_ended(env, job)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def wait_ended(env: dict[str, str], job: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
+        if not out.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "no successful run"
+    return f"min {min(values):6.1f}  median {statistics.median(values):6.1f}  max {max(values):6.1f} s"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="measured rounds, after one warm-up round")
+    ap.add_argument("--cpus", type=int, default=1, help="CPUs per node of each allocation")
     ap.add_argument("--head-sleep", type=float, default=10.0)
     ap.add_argument("--worker-sleep", type=float, default=5.0)
+    ap.add_argument("--arms", default=",".join(ARMS))
     args = ap.parse_args()
-    env = env_with_testbed()
+    arms = {
+        "eray": arm_eray,
+        "template": _template(args.head_sleep, args.worker_sleep),
+        "nosleep": _template(0.0, 0.0),
+        "bare": _template(0.0, 0.0, head_only=True),
+    }
+    chosen = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in chosen if a not in arms]
+    if unknown or args.repeats < 1 or args.nodes < 2:
+        ap.error(f"--arms {args.arms!r} (known: {', '.join(ARMS)}), --repeats >= 1, --nodes >= 2")
+    try:
+        env = testbed_env(args.nodes)
+    except BenchError as e:
+        print(f"time_to_cluster: {e}", file=sys.stderr)
+        return 2
+    print(f"time to cluster, {args.nodes} nodes x {args.cpus} CPU, {args.repeats} rounds + 1 warm-up")
+    times: dict[str, list[float]] = {a: [] for a in chosen}
     with tempfile.TemporaryDirectory() as tmp:
-        a = with_provider(env, Path(tmp))
-    b = with_docs_template(env, args.head_sleep, args.worker_sleep)
-    print(f"(a) ray up with eray-provider: {a:6.1f} s to {NODES} nodes alive")
-    print(
-        f"(b) Ray docs sbatch template:  {b:6.1f} s to {NODES} nodes alive "
-        f"(sleep {args.head_sleep:g} after the head, {args.worker_sleep:g} after each worker)"
-    )
-    print(f"ratio (a)/(b): {a / b:.2f}")
+        for rnd in range(args.repeats + 1):
+            order = chosen if rnd % 2 == 0 else chosen[::-1]
+            for name in order:
+                seconds = run_arm(name, arms[name], env, args.nodes, args.cpus, Path(tmp))
+                label = "warm-up" if rnd == 0 else f"round {rnd}"
+                shown = f"{seconds:6.1f} s  ({LAST_CPU[0]:5.1f} CPU-s)" if seconds is not None else "failed"
+                print(f"  {label:8} {name:9} {shown}", flush=True)
+                if rnd > 0 and seconds is not None:
+                    times[name].append(seconds)
+    print()
+    for name in chosen:
+        print(f"{name:9} {spread(times[name])}  ({len(times[name])} of {args.repeats} runs)")
+    base = times.get("eray")
+    if base:
+        for name in chosen[1:] if chosen[0] == "eray" else chosen:
+            if name != "eray" and times[name]:
+                ratio = statistics.median(base) / statistics.median(times[name])
+                print(f"ratio of medians eray / {name}: {ratio:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
