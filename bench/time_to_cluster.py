@@ -151,6 +151,53 @@ def busy_seconds() -> float:
 #: CPU seconds of the last run from its start to every node alive.
 LAST_CPU: list[float] = [0.0]
 
+#: What a process started during a run is, by its command line (first match wins).
+KINDS = (
+    ("ray up (the launcher CLI)", ("bin/ray up",)),
+    ("ray start (CLI, per node)", ("bin/ray start",)),
+    ("gcs_server", ("gcs_server",)),
+    ("raylet", ("raylet/raylet",)),
+    ("dashboard (head)", ("dashboard/dashboard.py",)),
+    ("dashboard modules (head)", ("ray-dashboard-", "multiprocessing.forkserver", "resource_tracker")),
+    ("dashboard agent", ("DashboardAgent", "dashboard/agent.py")),
+    ("runtime env agent", ("RuntimeEnvAgent", "runtime_env/agent")),
+    ("log monitor", ("log_monitor",)),
+    ("autoscaler monitor (head)", ("monitor.py",)),
+    ("Ray client server (head)", ("ray.util.client.server",)),
+    ("eray node_run", ("eray_provider.node_run",)),
+    ("eray GCS watcher", ("eray_provider.gcs_probe",)),
+    ("srun clients", ("srun",)),
+)
+
+
+def process_cpu(since: float) -> dict[str, float]:
+    """CPU seconds per kind of every live process started after ``since`` (wall clock):
+    on the test bed all nodes share this machine's PID namespace, so this is every
+    process the run started, on every node. Ended ones are counted as the remainder."""
+    hz = os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as f:
+        boot = time.time() - float(f.read().split()[0])  # to 10 ms (btime is whole seconds)
+    out: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmd = f.read().replace("\0", " ")
+        except OSError:
+            continue
+        # start times are in clock ticks: a process started right at ``since`` can read
+        # a few ms early
+        if boot + int(fields[19]) / hz < since - 0.1 or pid == str(os.getpid()):
+            continue
+        kind = next((k for k, marks in KINDS if any(m in cmd for m in marks)), "other")
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / hz
+    return out
+
+
+#: Per-kind CPU seconds of every profiled run.
+PROFILES: list[tuple[float, dict[str, float]]] = []
+
 
 def alive_at(proc: subprocess.Popen, t0: float, cpu0: float) -> float:
     """Seconds from ``t0`` to the moment the poller saw every node alive."""
@@ -187,6 +234,7 @@ def arm_eray(env: dict[str, str], job: str, nodes: list[str], cpus: int, workdir
         e.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"))
         poll = poller(e, node_ip(env, nodes[0]), gcs, len(nodes))
         seconds = alive_at(poll, t0, cpu0)
+        PROFILES.append((LAST_CPU[0], process_cpu(t0)))
         waiter.join(timeout=RUN_TIMEOUT)
         out = log.read_text()
         if up.returncode != 0:
@@ -257,6 +305,21 @@ def wait_ended(env: dict[str, str], job: str, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
+def print_profile() -> None:
+    """Where the eray runs' CPU went, from ``ray up`` to every node alive (medians)."""
+    kinds = [k for k, _ in KINDS] + ["other"]
+    total = statistics.median(t for t, _ in PROFILES)
+    print(f"\neray: CPU-seconds by process, start to every node alive (median of {len(PROFILES)} runs):")
+    seen = 0.0
+    for kind in kinds:
+        value = statistics.median(p.get(kind, 0.0) for _, p in PROFILES)
+        seen += value
+        if value >= 0.05:
+            print(f"  {value:6.2f}  {kind}")
+    print(f"  {total - seen:6.2f}  ended processes (port probe, uptime, rsync) and the SLURM daemons")
+    print(f"  {total:6.2f}  the machine, all cores")
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "no successful run"
@@ -302,6 +365,8 @@ def main() -> int:
     print()
     for name in chosen:
         print(f"{name:9} {spread(times[name])}  ({len(times[name])} of {args.repeats} runs)")
+    if PROFILES:
+        print_profile()
     base = times.get("eray")
     if base:
         for name in chosen[1:] if chosen[0] == "eray" else chosen:
