@@ -6,10 +6,12 @@
     request to placed);
 (b) by hand, the same node without the autoscaler: ``sbatch`` of a job whose step runs
     ``ray start --address=<head> --block``, timed from sbatch until the head's GCS lists
-    the node alive (a poll, not a sleep).
+    the node alive (one in-process GCS poller, the same as ``time_to_cluster``'s).
 
-Both on the SLURM test bed, against the same head, one after the other, ``--rounds``
-times each. Run as root with the test bed up: ``python bench/elastic_bench.py``.
+Both on the SLURM test bed, against the same head, ``--rounds`` times each, interleaved;
+printed as medians (with min and max) and their ratio. ``--autoscaler-interval`` sets
+``provider.autoscaler_interval_s`` (Ray's own default is 5 s, ours 1 s). Run as root with
+the test bed up: ``python bench/elastic_bench.py``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,21 @@ import time
 from pathlib import Path
 
 import yaml
-from time_to_cluster import REPO, count_alive, env_with_testbed
+from time_to_cluster import REPO, alive_at, busy_seconds, poller, testbed_env
 
 NAME = "elbench"
+
+
+def count_alive(address: str, env: dict[str, str]) -> int:
+    """Alive nodes the GCS at ``address`` lists (0 when it does not answer)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "eray_provider.gcs_probe", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return len(proc.stdout.split()) if proc.returncode == 0 else 0
 
 
 def squeue_ours(env: dict[str, str]) -> list[str]:
@@ -63,7 +77,9 @@ def by_hand_round(state: Path, env: dict[str, str]) -> float:
         f"exec {Path(sys.executable).parent}/ray start --block --address={address} --num-cpus=2 "
         "--disable-usage-stats --temp-dir=$T'\n"
     )
-    t0 = time.monotonic()
+    host, _, port = address.rpartition(":")
+    t0 = time.time()
+    poll = poller(e, host, int(port), before + 1)  # one in-process poller, as for (a)
     job = subprocess.run(
         ["sbatch", "--parsable", "-N1", "-c2", "--mem=1200M", "-J", "byhand", "-o", "/dev/null"],
         input=script,
@@ -73,12 +89,9 @@ def by_hand_round(state: Path, env: dict[str, str]) -> float:
         check=True,
     ).stdout.strip()
     try:
-        while count_alive(address, e) <= before:
-            if time.monotonic() - t0 > 300:
-                raise SystemExit("the hand-started node did not join within 300 s")
-            time.sleep(0.2)
-        return time.monotonic() - t0
+        return alive_at(poll, t0, busy_seconds())
     finally:
+        poll.kill()
         subprocess.run(["scancel", job], env=env)
         deadline = time.monotonic() + 120  # the next round starts from the same cluster
         while count_alive(address, e) > before and time.monotonic() < deadline:
@@ -88,11 +101,16 @@ def by_hand_round(state: Path, env: dict[str, str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--autoscaler-interval", type=int, default=None, help="provider.autoscaler_interval_s (default: ours)"
+    )
     args = ap.parse_args()
-    env = env_with_testbed()
+    env = testbed_env(1)
     env.pop("SLURM_JOB_ID", None)
     config = yaml.safe_load((REPO / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
     config.update(cluster_name=NAME, idle_timeout_minutes=0.25)
+    if args.autoscaler_interval is not None:
+        config["provider"]["autoscaler_interval_s"] = args.autoscaler_interval
     types = config["available_node_types"]
     types["head"]["node_config"]["sbatch"] = {"cpus_per_node": 2, "mem": "1500M"}
     types["cpu"]["node_config"]["sbatch"] = {"cpus_per_node": 2, "mem": "1200M"}
@@ -102,13 +120,16 @@ def main() -> None:
         subprocess.run(["ray", "up", "-y", str(path)], env=env, check=True, capture_output=True)
         try:
             state = next(p for p in (Path.home() / ".eray-provider").glob(f"{NAME}-*") if p.is_dir())
-            a = [elastic_round(path, env) for _ in range(args.rounds)]
-            b = [by_hand_round(state, env) for _ in range(args.rounds)]
+            a, b = [], []
+            for _ in range(args.rounds):  # interleaved, so that drift hits both arms alike
+                a.append(elastic_round(path, env))
+                b.append(by_hand_round(state, env))
         finally:
             subprocess.run(["ray", "down", "-y", str(path)], env=env, capture_output=True)
     ma, mb = statistics.median(a), statistics.median(b)
-    print(f"(a) autoscaler + sbatch (eray-provider): {ma:6.1f} s demand -> node placed   {a}")
-    print(f"(b) sbatch + ray start by hand:           {mb:6.1f} s sbatch -> node alive  {b}")
+    runs = lambda xs: f"min {min(xs):.1f} max {max(xs):.1f} of {len(xs)}"  # noqa: E731
+    print(f"(a) autoscaler + sbatch (eray-provider): median {ma:6.1f} s demand -> node placed ({runs(a)})")
+    print(f"(b) sbatch + ray start by hand:           median {mb:6.1f} s sbatch -> node alive ({runs(b)})")
     print(f"ratio (a)/(b): {ma / mb:.2f}")
 
 

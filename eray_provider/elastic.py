@@ -51,7 +51,7 @@ from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_t
 from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
-from .views import LiveView, Memo
+from .views import LiveView, Memo, ReadOnlyTags
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             found = workers.get(job)
             rec = records.get(node_id)
             answers[node_id] = (
-                rec["tags"] if rec else _adopted_tags(found),
+                ReadOnlyTags(rec["tags"] if rec else _adopted_tags(found)),
                 bool(found and found[0].state == "RUNNING"),
             )
         return answers

@@ -26,6 +26,10 @@ HEAD_MODES = ("auto", "job", "allocation")
 #: How long a worker job may stay pending before the autoscaler gives up on it (Ray's
 #: default is one hour; queues on busy clusters are often longer).
 DEFAULT_PENDING_TIMEOUT_S = 24 * 3600
+#: Seconds between the head's autoscaler rounds (``AUTOSCALER_UPDATE_INTERVAL_S``; Ray's
+#: default is 5): demand reaches sbatch sooner, and a round costs the provider a few ms
+#: with one squeue per ``JOB_CACHE_SECONDS`` at most.
+DEFAULT_AUTOSCALER_INTERVAL_S = 1
 
 
 def head_mode(provider: dict[str, Any], in_allocation: bool) -> str:
@@ -51,6 +55,13 @@ def head_mode(provider: dict[str, Any], in_allocation: bool) -> str:
 def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ClusterConfigError(f"{where} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _interval(value: Any) -> int:
+    """Ray reads the interval as an integer number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ClusterConfigError(f"provider.autoscaler_interval_s must be an integer >= 1, got {value!r}")
     return value
 
 
@@ -131,6 +142,9 @@ def fill_elastic_config(
             "object_store_fraction": fraction,
             "pending_timeout_s": _count(
                 provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
+            ),
+            "autoscaler_interval_s": _interval(
+                provider.get("autoscaler_interval_s", DEFAULT_AUTOSCALER_INTERVAL_S)
             ),
             "disable_node_updaters": True,
             "use_internal_ips": True,

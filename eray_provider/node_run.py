@@ -258,6 +258,7 @@ def main() -> int:
         if role == "head" and provider.get("elastic"):
             # worker jobs may wait in the queue far longer than Ray's default hour
             ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(provider["pending_timeout_s"])
+            ray_env["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
         ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)

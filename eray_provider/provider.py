@@ -51,7 +51,7 @@ from .process_identity import signal_command
 from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, job_state, list_steps, run_step, srun_argv
-from .views import LiveView, Memo
+from .views import LiveView, Memo, ReadOnlyTags
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ WORKERS_JOIN_TIMEOUT = 300.0
 REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
 #: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
-Answers = dict[str, tuple[dict[str, str], bool]]
+Answers = dict[str, tuple[ReadOnlyTags, bool]]
 
 
 def _fixed_worker(rec: dict[str, Any]) -> bool:
@@ -266,7 +266,7 @@ class SlurmNodeProvider(NodeProvider):
         for node_id in alive:
             rec = records.get(node_id)
             if rec is not None:  # None: the state was removed since the view was computed
-                answers[node_id] = (rec["tags"], bool(rec.get("launched")))
+                answers[node_id] = (ReadOnlyTags(rec["tags"]), bool(rec.get("launched")))
         return answers
 
     @staticmethod
@@ -292,8 +292,10 @@ class SlurmNodeProvider(NodeProvider):
         return node_id not in self._alive_view()[1]
 
     def node_tags(self, node_id: str) -> dict[str, str]:
+        """The node's tags: from the round's answers a read-only dict (``ReadOnlyTags``,
+        shared between calls), else a copy read from the state."""
         answer = self._answers.get(node_id)
-        return answer[0].copy() if answer is not None else self._read_tags(node_id)
+        return answer[0] if answer is not None else self._read_tags(node_id)
 
     def _read_tags(self, node_id: str) -> dict[str, str]:
         rec = self._records().get(node_id)

@@ -23,6 +23,25 @@ from .cluster_state import READ_FRESH_SECONDS
 T = TypeVar("T")
 
 
+class ReadOnlyTags(dict):
+    """A node's tags as ``node_tags`` hands them out from a round's answers: a real dict
+    (reads, ``json.dumps``, ``dict(...)`` and ``.copy()`` as usual) that refuses to be
+    changed, because it is shared by every call until the answers change. Handing out a
+    fresh copy per call doubled the cost of a round at 10,000 nodes; a caller that
+    changes what it got fails loudly instead of corrupting the next caller's answer."""
+
+    __slots__ = ()
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("node_tags() returns read-only tags: copy them, or change them with set_node_tags()")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+
+    def copy(self) -> dict[str, str]:  # type: ignore[override]
+        return dict(self)
+
+
 class Memo(Generic[T]):
     """A value computed from some inputs, reused while the inputs are the very same
     objects. The inputs are held, so that a new object can never take an input's id

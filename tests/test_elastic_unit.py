@@ -139,6 +139,7 @@ def test_shipped_yaml_fills_and_passes_rays_validation() -> None:
     assert cfg["provider"]["elastic"] and "job_id" not in cfg["provider"]
     assert cfg["idle_timeout_minutes"] == YAML["idle_timeout_minutes"]  # the user's, not forced
     assert cfg["provider"]["disable_node_updaters"] is True
+    assert cfg["provider"]["autoscaler_interval_s"] == 1  # demand to sbatch within a second
 
     # the head in a running job: its resources are what SLURM gave it
     alloc = Allocation("42", (NodeShare("n1", 16, 0, None, 32000), NodeShare("n2", 16)))
@@ -158,6 +159,13 @@ def test_elastic_config_errors() -> None:
     bad["available_node_types"]["cpu"]["min_workers"] = 5
     with pytest.raises(ClusterConfigError, match=r"max_workers \(4\) is below min_workers \(5\)"):
         fill_elastic_config(bad, None)
+    for value in (0, "fast", True):
+        bad = copy.deepcopy(YAML)
+        bad["provider"]["autoscaler_interval_s"] = value
+        with pytest.raises(
+            ClusterConfigError, match=rf"autoscaler_interval_s must be an integer >= 1, got {value!r}"
+        ):
+            fill_elastic_config(bad, None)
     bad = copy.deepcopy(YAML)
     bad["head_node_type"] = "boss"
     with pytest.raises(ClusterConfigError, match="head_node_type 'boss'"):

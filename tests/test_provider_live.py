@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -60,6 +61,14 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
             assert res[f"slurm_node:{name}"] == 1.0 and res["accelerator_type:TESTGPU"] == 1.0
             assert node["labels"]["slurm-job"] == ray_job
             assert not node["ip"].startswith("127.")
+
+        # the head's autoscaler adopted the workers started with it, and asked for no others
+        monitor = testbed.on_node(
+            "node1", f"cat /tmp/eray-{ray_job}-*/session_latest/logs/monitor.log 2>/dev/null || true"
+        ).stdout
+        adopted = re.findall(r"allocated unmanaged cloud instance :(node\d)\.\d+ \(WORKER\)", monitor)
+        assert sorted(adopted) == ["node2", "node3"], monitor[-3000:]
+        assert "SLURM nodes are free" not in monitor, monitor[-3000:]
 
         status = cluster.exec("ray status").stdout
         assert "6.0 CPU" in status or "0.0/6.0 CPU" in status

@@ -4,9 +4,11 @@ after this provider's own writes, and recomputed when another process wrote."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
+import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS
 from test_slurm_failures import _provider, fake
 
@@ -58,8 +60,14 @@ def test_node_tags_and_is_running_answer_from_the_round(bindir: Path, tmp_path: 
     assert provider.non_terminated_nodes({}) == ["n1.1", "n2.2"]
     tags = provider.node_tags("n2.2")
     assert tags == {TAG_RAY_NODE_KIND: "worker"} and provider.is_running("n2.2")
-    tags["mutated"] = "by the caller"  # a copy: the next answer is not changed by it
+    with pytest.raises(TypeError, match="read-only tags"):
+        tags["mutated"] = "by the caller"  # shared by every call: refused, not corrupted
+    with pytest.raises(TypeError, match="read-only tags"):
+        tags.update(more="tags")
+    mine = tags.copy()
+    mine["mutated"] = "in a copy"
     assert provider.node_tags("n2.2") == {TAG_RAY_NODE_KIND: "worker"}
+    assert json.loads(json.dumps(tags)) == {TAG_RAY_NODE_KIND: "worker"}
     # a node outside the round is read from the state, not assumed
     assert provider.node_tags("n9.9") == {} and not provider.is_running("n9.9")
 
