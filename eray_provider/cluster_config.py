@@ -162,6 +162,10 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
             "object_store_fraction": fraction,
             # workers are started by the provider itself in one srun per launch batch
             "disable_node_updaters": True,
+            # a node's config is its SLURM node, which never changes: the v1 autoscaler's
+            # check would take the workers started with the head (launched before any
+            # launch hash exists) for outdated and replace them (v2's default is the same)
+            "disable_launch_config_check": True,
             "use_internal_ips": True,
             FILLED: True,
         }

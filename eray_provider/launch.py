@@ -478,7 +478,11 @@ def wait_joined(
     def failed() -> str | None:
         markers = state.markers()
         gone = [i for i in node_ids if f"{i}.exit" in markers]
-        return f"node(s) {gone} exited while joining; see {state.logs}" if gone else None
+        if gone:
+            return f"node(s) {gone} exited while joining; see {state.logs}"
+        records = state.read()["nodes"]
+        ended = [i for i in node_ids if records.get(i, {}).get("terminated")]
+        return f"node(s) {ended} were terminated while joining" if ended else None
 
     missing = watch_alive(state, address, node_ids, timeout, failed, stopped)
     if missing:

@@ -118,9 +118,15 @@ def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:
     cluster = Cluster(testbed, ray_job, tmp_path, "vone")
     cluster.env["RAY_UP_enable_autoscaler_v2"] = "0"
     try:
-        cluster.up()
+        up = cluster.up()
+        assert "eray-provider: 3 of 3 nodes alive" in up.stdout + up.stderr, up.stdout[-3000:]
         nodes = cluster.wait_nodes(3)
         assert sorted(n["labels"]["slurm-node"] for n in nodes) == ["node1", "node2", "node3"]
+        # v1 keeps the workers started with the head: it does not take them for outdated
+        monitor = testbed.on_node(
+            "node1", f"cat /tmp/eray-{ray_job}-*/session_latest/logs/monitor.log 2>/dev/null || true"
+        ).stdout
+        assert "StandardAutoscaler" in monitor and "(outdated)" not in monitor, monitor[-3000:]
         monitor = cluster.exec(
             "cat /proc/$(pgrep -f autoscaler/_private/monitor.py | head -1)/environ "
             "| tr '\\0' '\\n' | grep -c '^RAY_enable_autoscaler_v2=1' || true"

@@ -56,6 +56,7 @@ def test_node_types_come_from_the_allocation_and_pass_rays_validation() -> None:
     assert cfg["head_start_ray_commands"] == [LAUNCH_HEAD]
     assert cfg["provider"]["worker_setup_commands"] == ["echo all", "echo w"]
     assert cfg["provider"]["disable_node_updaters"] is True
+    assert cfg["provider"]["disable_launch_config_check"] is True  # v1 keeps the workers
     assert fill_config(cfg, ALLOC) is cfg  # idempotent on a filled config
 
 
