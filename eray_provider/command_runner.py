@@ -20,12 +20,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ray.autoscaler._private.cli_logger import cli_logger
 from ray.autoscaler.command_runner import CommandRunnerInterface
 
 from .cluster_config import LAUNCH_HEAD
 from .cluster_state import ClusterState
 from .launch import node_client_env
+from .ray_compat import cli_logger, runner_error
 from .srun import bash_command, clean_env, srun_argv
 
 #: Shell operators that start a new command: a word after one is in command position.
@@ -139,12 +139,10 @@ class SrunCommandRunner(CommandRunnerInterface):
         return bash_command(cmd, exports)
 
     def _fail(self, cmd: str, code: int, exit_on_fail: bool, output: str = "") -> None:
-        from ray.autoscaler._private.command_runner import ProcessRunnerError
-
         msg = f"Command failed on {self.slurm_node} (exit {code}): {cmd}"
         if exit_on_fail:
             cli_logger.abort(msg + (f"\n{output}" if output else ""))
-        raise ProcessRunnerError(msg, "ssh_command_failed", code=code, command=cmd)
+        raise runner_error(msg, code=code, command=cmd)
 
     # ------------------------------------------------------------------ interface
     def run(
@@ -240,11 +238,8 @@ class SrunCommandRunner(CommandRunnerInterface):
         left.stdout.close()
         left_code = left.wait(timeout=600)
         if left_code != 0 or right.returncode != 0:
-            from ray.autoscaler._private.command_runner import ProcessRunnerError
-
-            raise ProcessRunnerError(
+            raise runner_error(
                 f"{what} failed on {self.slurm_node}: {right.stderr.decode(errors='replace')}",
-                "ssh_command_failed",
                 code=left_code or right.returncode,
             )
 

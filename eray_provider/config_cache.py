@@ -1,10 +1,11 @@
 """Ray's config cache, made safe on a shared login node.
 
-Ray's CLI caches a bootstrapped config in ``$TMPDIR/ray-config-<sha256 of the prepared
-YAML>`` and, on the next command with the same YAML, loads it with no check of who wrote
-it. ``/tmp`` is world-writable and the name is computable by anyone who knows the YAML
-(the stock ``cluster_yamls/*.yaml``), so another user could plant a cache whose
-``provider.python`` or setup commands are theirs, to be run as you on your allocation.
+Ray's CLI caches a bootstrapped config in ``$TMPDIR/ray-config-<hash of the prepared
+YAML>`` (SHA-1 before Ray 2.54, SHA-256 since: ``ray_compat.CONFIG_CACHE_DIGEST``) and, on
+the next command with the same YAML, loads it with no check of who wrote it. ``/tmp`` is
+world-writable and the name is computable by anyone who knows the YAML (the stock
+``cluster_yamls/*.yaml``), so another user could plant a cache whose ``provider.python``
+or setup commands are theirs, to be run as you on your allocation.
 
 What the provider does about it:
 
@@ -32,7 +33,9 @@ import stat
 import tempfile
 from typing import Any
 
-#: Ray 2.60's ``commands.CONFIG_CACHE_VERSION``: a cache of another version is not loaded.
+from .ray_compat import CONFIG_CACHE_DIGEST
+
+#: ``commands.CONFIG_CACHE_VERSION`` of Ray 2.52 to 2.60: a cache of another version is not loaded.
 CACHE_VERSION = 1
 
 
@@ -43,7 +46,8 @@ class UnsafeConfigCacheError(RuntimeError):
 def cache_path(prepared_config: dict[str, Any]) -> str:
     """Where Ray caches ``prepared_config`` (the YAML after ``prepare_config``), computed as
     Ray's ``_bootstrap_config`` computes it."""
-    digest = hashlib.sha256(json.dumps([prepared_config], sort_keys=True).encode("utf-8")).hexdigest()
+    text = json.dumps([prepared_config], sort_keys=True).encode("utf-8")
+    digest = hashlib.new(CONFIG_CACHE_DIGEST, text).hexdigest()
     return os.path.join(tempfile.gettempdir(), f"ray-config-{digest}")
 
 

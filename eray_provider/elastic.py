@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 from filelock import FileLock
-from ray.autoscaler._private.cli_logger import cli_logger
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
@@ -46,6 +45,7 @@ from .hostlist import expand
 from .launch import node_env
 from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_job_name, worker_job_name
 from .provider import Answers, SlurmNodeProvider
+from .ray_compat import cli_logger, require_supported_ray
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
 from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_timeout
 from .slurm_env import job_id_from_env
@@ -95,6 +95,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     # ------------------------------------------------------------------ config
     @staticmethod
     def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        require_supported_ray()
         provider = cluster_config["provider"]
         if provider.get(FILLED):
             return cluster_config

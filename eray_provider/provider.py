@@ -19,7 +19,6 @@ import os
 import time
 from typing import Any
 
-from ray.autoscaler._private.cli_logger import cli_logger
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
@@ -48,6 +47,7 @@ from .launch import (
 )
 from .node_spec import worker_types
 from .process_identity import signal_command
+from .ray_compat import cli_logger, require_supported_ray
 from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, job_state, list_steps, run_step, srun_argv
@@ -146,6 +146,7 @@ class SlurmNodeProvider(NodeProvider):
     @staticmethod
     def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
         """Called by Ray before validation: fill node types from the SLURM allocation."""
+        require_supported_ray()
         provider = cluster_config["provider"]
         if provider.get(FILLED):
             return cluster_config

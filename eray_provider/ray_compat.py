@@ -1,0 +1,117 @@
+"""The Ray releases eray-provider supports, and every difference between them, in one place.
+
+Supported: Ray 2.52 to 2.60. The floor is 2.52 because it is the first release with token
+authentication (``RAY_AUTH_MODE=token``), on which the security of a cluster on shared nodes
+rests; 2.60 is the newest release tested. A newer 2.x gets a warning at the first ``ray``
+command and is used; an older release, or another major version, is refused there with both
+versions named.
+
+Each difference is a named feature decided here from the installed version, so the rest of
+the package asks "which digest names the config cache?", never "which Ray is this?". Found
+by reading the releases' own code, 2.52.0 to 2.60.0:
+
+- ``CONFIG_CACHE_DIGEST``: ``ray up`` caches its resolved config in
+  ``$TMPDIR/ray-config-<digest>``; the digest is SHA-1 before 2.54 and SHA-256 from 2.54
+  (``ray/autoscaler/_private/commands.py``, ``_bootstrap_config``). ``config_cache`` must
+  compute the same name, or it cannot create that file private before Ray writes it.
+
+The private Ray names the package uses (``cli_logger``, ``ProcessRunnerError``) are imported
+here and nowhere else, so a release that moves one breaks one import.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from ray.autoscaler._private.cli_logger import cli_logger
+
+__all__ = [
+    "CONFIG_CACHE_DIGEST",
+    "RAY_VERSION",
+    "check_version",
+    "cli_logger",
+    "require_supported_ray",
+    "runner_error",
+]
+
+#: The oldest Ray supported: the first with token authentication.
+OLDEST = (2, 52)
+#: The newest Ray tested; a newer 2.x is used with a warning.
+NEWEST_TESTED = (2, 60)
+SUPPORTED = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}"
+
+
+class UnsupportedRayError(RuntimeError):
+    """The installed Ray is outside the supported range."""
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a Ray version string such as ``2.53.0`` or ``2.61.0rc1``."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if m is None:
+        raise UnsupportedRayError(f"cannot read the Ray version {text!r} (expected MAJOR.MINOR[.PATCH])")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+def installed_version() -> str:
+    """The installed Ray's version, from its package metadata (no ``import ray``)."""
+    try:
+        return version("ray")
+    except PackageNotFoundError as e:
+        raise UnsupportedRayError(f"Ray is not installed; eray-provider needs Ray {SUPPORTED}") from e
+
+
+RAY_VERSION_TEXT = installed_version()
+RAY_VERSION = parse_version(RAY_VERSION_TEXT)
+
+
+def check_version(text: str) -> str | None:
+    """Refuse Ray ``text`` when outside the supported range; return a warning for a newer
+    2.x than tested, None for a supported one."""
+    major, minor, _ = parse_version(text)
+    if major != OLDEST[0] or (major, minor) < OLDEST:
+        why = " (token authentication, which it relies on, came in 2.52)" if major == 2 else ""
+        raise UnsupportedRayError(
+            f"Ray {text} is installed; eray-provider supports Ray {SUPPORTED}{why}. "
+            f"Install a supported one, for example: pip install 'ray[default]>={OLDEST[0]}.{OLDEST[1]},<3'"
+        )
+    if (major, minor) > NEWEST_TESTED:
+        return (
+            f"Ray {text} is newer than the newest release eray-provider was tested with "
+            f"({NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}); supported: Ray {SUPPORTED}"
+        )
+    return None
+
+
+_warned: set[str] = set()
+
+
+def require_supported_ray() -> None:
+    """The first act of every ``ray`` command on our providers: one clear message and exit
+    status 1 on an unsupported Ray, a warning (once per process) on a newer one.
+
+    It exits rather than raising because Ray's CLI turns any exception from the provider's
+    config hooks into a warning and goes on to fail later, somewhere confusing."""
+    try:
+        warning = check_version(RAY_VERSION_TEXT)
+    except UnsupportedRayError as e:
+        cli_logger.error(str(e))
+        raise SystemExit(1) from e
+    if warning and warning not in _warned:
+        _warned.add(warning)
+        cli_logger.warning(warning)
+
+
+#: The hash whose hex digest names Ray's config cache file.
+CONFIG_CACHE_DIGEST = "sha256" if RAY_VERSION[:2] >= (2, 54) else "sha1"
+
+
+def runner_error(msg: str, code: int | None = None, command: Any = None) -> Exception:
+    """The error Ray's updater expects from a failed command runner call
+    (``ProcessRunnerError`` with ``msg_type="ssh_command_failed"``); imported when needed, as
+    Ray's command runner module pulls in its ssh and docker runners."""
+    from ray.autoscaler._private.command_runner import ProcessRunnerError
+
+    return ProcessRunnerError(msg, "ssh_command_failed", code=code, command=command)
