@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from .node_spec import StartSpec
 from .port_probe import busy_ports, port_open
 from .ports import PortPlan, candidates, choose_plan
 from .process_identity import identity
+from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
 from .sbatch import elastic_node_id
 from .slurm_cli import host_exclusions, load_allocation
 
@@ -39,6 +41,10 @@ from .slurm_cli import host_exclusions, load_allocation
 #: start, its setup commands included, must fit in it).
 HEAD_WAIT_SECONDS = 600.0
 HEAD_POLL_SECONDS = 0.25
+#: How long the head's autoscaler lets a node of a fixed allocation take to run Ray (an
+#: elastic config sets ``provider.pending_timeout_s``): more than a worker's head wait
+#: (``HEAD_WAIT_SECONDS``) plus its setup commands.
+PENDING_TIMEOUT_SECONDS = 3600
 
 
 class NodeRunError(RuntimeError):
@@ -163,6 +169,37 @@ def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
         time.sleep(HEAD_POLL_SECONDS)
 
 
+def ray_temp_dir(private: str) -> str:
+    """Ray's ``--temp-dir`` inside a node's private (0700) dir. Ray makes the temp dir it is
+    given, and every dir it creates in it, world-writable (``chmod 0777``, in every release):
+    one level down, the private parent keeps other users of the host out of them all."""
+    return os.path.join(private, "ray")
+
+
+def _heads_temp_dir(state: ClusterState) -> tuple[str, bool]:
+    """On a Ray whose workers take the head's ``--temp-dir`` (``ray_compat``): the head's
+    private dir's path, made here (0700) unless this host already has it, and whether this
+    node made it (only then does it remove it). An existing one must be ours and private: a
+    dir another user planted at that path is refused, not used."""
+    records = state.read()["nodes"]
+    heads = [i for i, rec in records.items() if rec["role"] == "head" and not rec.get("terminated")]
+    value = state.read_marker(heads[-1], "tmpdir") if heads else None
+    path = (value or "").partition(" ")[2]
+    if not path.startswith("/"):
+        raise NodeRunError(f"the head recorded no temp dir in {state.dir} (its tmpdir marker: {value!r})")
+    try:
+        os.mkdir(path, 0o700)
+        return path, True
+    except FileExistsError:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return path, False  # the head, or another node of this cluster, on this host
+        raise NodeRunError(
+            f"{path} (the head's temp dir, which this Ray's workers use) already exists here and is "
+            f"not a private dir of yours (mode {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid})"
+        ) from None
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -203,6 +240,7 @@ def main() -> int:
         ip = pick_ip(provider.get("network"))
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
+        owned = True
         state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
         state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
@@ -227,13 +265,17 @@ def main() -> int:
             # while the head starts (a cluster of fixed nodes starts every node at once)
             _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
             head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
+            if WORKER_TEMP_DIR_FROM_HEAD:
+                os.rmdir(tmp)
+                tmp, owned = _heads_temp_dir(state)
+                state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
         spec = StartSpec(
             share=alloc.node(node_name),
             job_id=alloc.job_id,
             role=role,
             ip=ip,
             plan=node_plan,
-            temp_dir=tmp,
+            temp_dir=ray_temp_dir(tmp),
             head_address=head_address,
             dashboard_host=provider.get("dashboard_host"),
             object_store_fraction=float(provider["object_store_fraction"]),
@@ -255,9 +297,13 @@ def main() -> int:
                     file=sys.stderr,
                     flush=True,
                 )
+        if role == "head":
+            # how long an adopted or launched node may take to run Ray before the autoscaler
+            # gives up on it: elastic worker jobs may wait in the queue; Ray's default was
+            # 300 s before 2.54 (an hour since), too short for long worker setup commands
+            pending = provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
+            ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(pending)
         if role == "head" and provider.get("elastic"):
-            # worker jobs may wait in the queue far longer than Ray's default hour
-            ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(provider["pending_timeout_s"])
             ray_env["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
         ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
         state.write_marker(node_id, "ip", ip)
@@ -284,7 +330,7 @@ def main() -> int:
             state.write_marker(node_id, "exit", str(code))
         except FileNotFoundError:
             pass  # the cluster was torn down and its state removed: nobody waits for it
-        if tmp:
+        if tmp and owned:
             shutil.rmtree(tmp, ignore_errors=True)
     return code
 

@@ -14,9 +14,26 @@ by reading the releases' own code, 2.52.0 to 2.60.0:
   ``$TMPDIR/ray-config-<digest>``; the digest is SHA-1 before 2.54 and SHA-256 from 2.54
   (``ray/autoscaler/_private/commands.py``, ``_bootstrap_config``). ``config_cache`` must
   compute the same name, or it cannot create that file private before Ray writes it.
+- ``WORKER_TEMP_DIR_FROM_HEAD``: before 2.55 ``ray start --temp-dir`` is ignored on a
+  worker, which takes the head's temp dir path (read from the GCS) and creates it on its
+  own host (``ray/scripts/scripts.py``, ``start``). ``node_run`` then makes that path
+  itself, private, so that it is not created world-readable and is removed at the end.
+- ``AGENT_HTTP_TOKEN_CHECK``: from 2.54 the dashboard agent's HTTP server checks the token
+  (``ray/dashboard/http_server_agent.py``). Before, it takes jobs from anyone who can reach
+  it (``POST /api/job_agent/jobs/``, the head node's agent), which ``require_supported_ray``
+  says at every ``ray`` command and the README's security section states.
+
+Also read, and the same from 2.52 to 2.60 for what eray-provider uses: the provider and
+command runner interfaces, the autoscaler v2 adapter and its adoption of nodes by
+``RAY_CLOUD_INSTANCE_ID``, the token variables and the dashboard's token check, every
+``ray start`` flag passed, labels, ``GcsClient.get_all_node_info`` and ``GcsNodeInfo``.
+Not a version test but set on every head: ``RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S``,
+whose default went from 300 s to an hour in 2.54.
 
 The private Ray names the package uses (``cli_logger``, ``ProcessRunnerError``) are imported
-here and nowhere else, so a release that moves one breaks one import.
+here and nowhere else, so a release that moves one breaks one import. They are imported on
+first use, so that code on the nodes (``node_run``) can read the features without importing
+Ray.
 """
 
 from __future__ import annotations
@@ -24,17 +41,6 @@ from __future__ import annotations
 import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-
-from ray.autoscaler._private.cli_logger import cli_logger
-
-__all__ = [
-    "CONFIG_CACHE_DIGEST",
-    "RAY_VERSION",
-    "check_version",
-    "cli_logger",
-    "require_supported_ray",
-    "runner_error",
-]
 
 #: The oldest Ray supported: the first with token authentication.
 OLDEST = (2, 52)
@@ -82,6 +88,12 @@ def check_version(text: str) -> str | None:
             f"Ray {text} is newer than the newest release eray-provider was tested with "
             f"({NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}); supported: Ray {SUPPORTED}"
         )
+    if (major, minor) < (2, 54):
+        return (
+            f"Ray {text}'s dashboard agent does not check the token (Ray 2.54 and later do): "
+            "anyone who can reach the head node's dashboard agent port can submit a job "
+            "that runs as you. Use Ray 2.54 or later on nodes shared with other users"
+        )
     return None
 
 
@@ -94,6 +106,8 @@ def require_supported_ray() -> None:
 
     It exits rather than raising because Ray's CLI turns any exception from the provider's
     config hooks into a warning and goes on to fail later, somewhere confusing."""
+    from ray.autoscaler._private.cli_logger import cli_logger
+
     try:
         warning = check_version(RAY_VERSION_TEXT)
     except UnsupportedRayError as e:
@@ -106,6 +120,19 @@ def require_supported_ray() -> None:
 
 #: The hash whose hex digest names Ray's config cache file.
 CONFIG_CACHE_DIGEST = "sha256" if RAY_VERSION[:2] >= (2, 54) else "sha1"
+#: A worker's Ray runs in the head's temp dir path, whatever ``--temp-dir`` says.
+WORKER_TEMP_DIR_FROM_HEAD = RAY_VERSION[:2] < (2, 55)
+#: The dashboard agent's HTTP server refuses requests without the token.
+AGENT_HTTP_TOKEN_CHECK = RAY_VERSION[:2] >= (2, 54)
+
+
+def __getattr__(name: str) -> Any:
+    """``cli_logger``, imported from Ray's private module on first use."""
+    if name == "cli_logger":
+        from ray.autoscaler._private.cli_logger import cli_logger
+
+        return cli_logger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def runner_error(msg: str, code: int | None = None, command: Any = None) -> Exception:

@@ -87,7 +87,7 @@ def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_p
             wildcard = [r for r in ours if r[0] in ("*", "0.0.0.0", "[::]")]
             assert wildcard == [], (node, wildcard)
         head_tmp = next((a.state_dir / "nodes").glob("node1.*.tmpdir")).read_text().split()[1]
-        logs = f"{head_tmp}/session_latest/logs"
+        logs = f"{head_tmp}/ray/session_latest/logs"
         assert "gcs_server.out" in testbed.on_node("node1", f"ls {logs}").stdout
         complaints = testbed.on_node(
             "node1", f"grep -l 'exporter agent\\|to the metrics agent' {logs}/* || true"

@@ -64,7 +64,7 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
 
         # the head's autoscaler adopted the workers started with it, and asked for no others
         monitor = testbed.on_node(
-            "node1", f"cat /tmp/eray-{ray_job}-*/session_latest/logs/monitor.log 2>/dev/null || true"
+            "node1", f"cat /tmp/eray-{ray_job}-*/ray/session_latest/logs/monitor.log 2>/dev/null || true"
         ).stdout
         adopted = re.findall(r"allocated unmanaged cloud instance :(node\d)\.\d+ \(WORKER\)", monitor)
         assert sorted(adopted) == ["node2", "node3"], monitor[-3000:]
@@ -124,7 +124,7 @@ def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:
         assert sorted(n["labels"]["slurm-node"] for n in nodes) == ["node1", "node2", "node3"]
         # v1 keeps the workers started with the head: it does not take them for outdated
         monitor = testbed.on_node(
-            "node1", f"cat /tmp/eray-{ray_job}-*/session_latest/logs/monitor.log 2>/dev/null || true"
+            "node1", f"cat /tmp/eray-{ray_job}-*/ray/session_latest/logs/monitor.log 2>/dev/null || true"
         ).stdout
         assert "StandardAutoscaler" in monitor and "(outdated)" not in monitor, monitor[-3000:]
         monitor = cluster.exec(

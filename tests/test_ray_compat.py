@@ -33,9 +33,15 @@ def test_an_unreadable_version_is_named() -> None:
         parse_version("nightly")
 
 
-@pytest.mark.parametrize("text", ["2.52.0", "2.53.0", "2.60.0", "2.60.9"])
+@pytest.mark.parametrize("text", ["2.54.0", "2.57.1", "2.60.0", "2.60.9"])
 def test_the_supported_range_passes_silently(text: str) -> None:
     assert check_version(text) is None
+
+
+@pytest.mark.parametrize("text", ["2.52.0", "2.53.0"])
+def test_before_254_the_open_agent_port_is_said(text: str) -> None:
+    warning = check_version(text)
+    assert warning is not None and f"Ray {text}'s dashboard agent does not check the token" in warning
 
 
 @pytest.mark.parametrize("text", ["2.51.2", "2.9.3", "1.13.0", "3.0.0"])
@@ -51,8 +57,9 @@ def test_a_newer_2x_is_a_warning() -> None:
 
 
 def test_the_installed_ray_is_supported_and_read_right() -> None:
-    assert ray_compat.RAY_VERSION_TEXT == ray.__version__
-    assert check_version(ray.__version__) is None
+    assert ray.__version__ == ray_compat.RAY_VERSION_TEXT
+    warning = check_version(ray.__version__)
+    assert (warning is None) == ray_compat.AGENT_HTTP_TOKEN_CHECK
 
 
 def test_the_cache_digest_is_the_one_this_ray_hashes_with() -> None:

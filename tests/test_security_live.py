@@ -30,11 +30,12 @@ from pathlib import Path
 import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config
-from ray_cluster_support import Cluster
+from ray_cluster_support import Cluster, node_tmp_entries
 from testbed_support import REPO, Testbed, other_user, require
 
 from eray_provider.config_cache import cache_path
 from eray_provider.provider import SlurmNodeProvider
+from eray_provider.ray_compat import AGENT_HTTP_TOKEN_CHECK
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
@@ -205,16 +206,30 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
                 results[key] = "refused"
         unexpected = {k: r for k, r in results.items() if r not in ("refused", "open")}
         assert unexpected == {}, unexpected
-        assert answered <= readme_unauthenticated(), (answered, readme_unauthenticated())
+        # before Ray 2.54 the dashboard agent's HTTP server has no token check (Ray's own
+        # gap, said at every `ray` command and in the README): shown open, so the claim holds
+        allowed = readme_unauthenticated() | (set() if AGENT_HTTP_TOKEN_CHECK else {"dashboard_agent_listen"})
+        assert answered <= allowed, (answered, allowed)
+        agent = {k: r for k, r in results.items() if k.startswith("dashboard_agent_listen@")}
+        assert agent and set(agent.values()) == {"refused" if AGENT_HTTP_TOKEN_CHECK else "open"}, agent
         for name in ("gcs", "node_manager", "object_manager", "dashboard", "worker", "runtime_env_agent"):
             assert all(r == "refused" for k, r in results.items() if k.startswith(f"{name}@")), results
         assert any(k.startswith("dashboard@") for k in results) and head_ip
 
-        # 5. the token is unreadable to the other user, on any node
+        # 5. the token is unreadable to the other user, on any node, and so is every node's
+        # temp dir: Ray makes its own temp dir world-writable, one level below a private one
         token = a.state_dir / "auth_token"
-        for node in ("node1", "node3"):
+        for node in NODES:
             read = as_other_user(testbed, node, user, f"cat {shlex.quote(str(token))}", check=False)
             assert read.returncode != 0 and token.read_text() not in read.stdout
+            dirs = node_tmp_entries(testbed, node, job)
+            assert len(dirs) == 2, (node, dirs)  # one per cluster
+            for d in dirs:
+                mode = testbed.on_node(node, f"stat -c %a {d} {d}/ray").stdout.split()
+                assert mode[0] == "700", (node, d, mode)
+                look = as_other_user(testbed, node, user, f"ls {d}/ray", check=False)
+                plant = as_other_user(testbed, node, user, f"touch {d}/ray/planted", check=False)
+                assert look.returncode != 0 and plant.returncode != 0, (node, d, look.stdout)
 
         # 6. ray down of `pfx` leaves every step of `pfx-b` running
         def steps() -> dict[str, str]:
