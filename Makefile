@@ -1,11 +1,13 @@
-# make test: create .venv when missing, install the package with its test extra, run everything.
+# make test: create .venv when missing, install the package with its test extra, run everything,
+# then the supported range (scripts/compat: the unit suite on the other Pythons, the live smoke
+# tests on the oldest supported Ray).
 # make demo: the whole user flow on the SLURM test bed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit lint demo bench testbed-up testbed-down clean
+.PHONY: test unit compat lint demo bench testbed-up testbed-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +18,10 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
 	$(PY) -m pytest -ra tests
+	PYTHON=$(PYTHON) scripts/compat
+
+compat: $(STAMP)
+	PYTHON=$(PYTHON) scripts/compat
 
 unit: $(STAMP)
 	$(PY) -m pytest -ra -m "not slurm and not ray" tests
@@ -37,4 +43,4 @@ testbed-down:
 	scripts/slurm-testbed down
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-* *.egg-info .pytest_cache .ruff_cache .hypothesis

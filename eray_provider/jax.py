@@ -21,7 +21,6 @@ Node facts reach workers through variables set by the provider at ``ray start``:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
@@ -30,6 +29,8 @@ import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .jax_compat import distributed_initialized, initialize_options
 
 logger = logging.getLogger(__name__)
 
@@ -141,21 +142,15 @@ def initialize(
 
     import jax
 
-    if jax.distributed.is_initialized():
+    if distributed_initialized(jax):
         raise JaxInitError("jax.distributed was already initialized in this process by other code")
-    options = {}
-    if "coordinator_bind_address" in inspect.signature(jax.distributed.initialize).parameters:
-        # JAX's coordination service has no authentication and binds [::] by default: bind
-        # it to the coordinator's own address (the bind shim would too, for our ports)
-        options["coordinator_bind_address"] = coordinator
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,
         process_id=process_id,
         local_device_ids=devices,
-        cluster_detection_method="deactivate",
         initialization_timeout=max(int(timeout), 1),
-        **options,
+        **initialize_options(jax, coordinator),
     )
     _state = {"rank": process_id, "world": num_processes, "coordinator": coordinator}
 

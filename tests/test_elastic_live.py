@@ -71,6 +71,7 @@ def test_refused_request_fails_ray_up_with_slurms_reason(testbed, tmp_path) -> N
     assert cluster.jobs() == {}
 
 
+@pytest.mark.smoke
 def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, tmp_path) -> None:
     cluster = ElasticCluster(testbed, tmp_path, "elastic", idle_timeout_minutes=0.5)
     # a user's shell or site whose SLURM input variables would change our submissions and
@@ -167,7 +168,8 @@ def test_a_job_slurm_will_not_start_is_cancelled_and_shown_by_ray_status(testbed
         assert "cpu: LaunchFailed" in status, status[-3000:]
         # Ray 2.60 drops a launch error's text from `ray status`: SLURM's reason is in the
         # head's monitor.log, with the job and what to fix
-        monitor = cluster.exec("cat $(ls -d /tmp/eray-*/ray/session_latest | head -1)/logs/monitor.log").stdout
+        logs = "$(ls -d /tmp/eray-*/ray/session_latest | head -1)/logs"
+        monitor = cluster.exec(f"cat {logs}/monitor.log").stdout
         assert "waited for JobHeldUser and was cancelled" in monitor, monitor[-3000:]
         assert "fix available_node_types.cpu.node_config.sbatch" in monitor
         # the held job was cancelled, and no other is submitted while the refusal stands

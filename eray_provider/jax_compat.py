@@ -1,0 +1,43 @@
+"""The JAX releases eray-provider supports, and what differs between them, in one place.
+
+Supported: JAX 0.4.30 to 0.12 (what pip resolves for Python 3.10 to 3.13: up to 0.6 on
+3.10, 0.10 on 3.11, 0.12 on 3.12 and 3.13). Decided by feature, from the installed JAX's
+own API, not from its version:
+
+- ``jax.distributed.is_initialized`` is missing before 0.4.34; before, the module's global
+  state has a client once ``initialize`` ran.
+- ``initialize(cluster_detection_method=...)`` is missing in older releases, which detect
+  SLURM, Open MPI and the like only for the parameters left unset: eray-provider sets all
+  of them but, on machines without GPUs, ``local_device_ids``, which JAX then takes from
+  ``SLURM_LOCALID`` (harmless: it names no GPU on a CPU-only process).
+- ``initialize(coordinator_bind_address=...)``: where present, the coordination service
+  (which has no authentication) binds the coordinator's own address instead of ``[::]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+def distributed_initialized(jax: Any) -> bool:
+    """Whether ``jax.distributed`` was initialized in this process, by anyone."""
+    check = getattr(jax.distributed, "is_initialized", None)
+    if check is not None:
+        return bool(check())
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
+def initialize_options(jax: Any, coordinator: str) -> dict[str, str]:
+    """The keyword arguments of ``jax.distributed.initialize`` that this JAX has and that
+    eray-provider always sets: no cluster auto-detection, and the coordinator bound to its
+    own address."""
+    params = inspect.signature(jax.distributed.initialize).parameters
+    options = {}
+    if "cluster_detection_method" in params:
+        options["cluster_detection_method"] = "deactivate"
+    if "coordinator_bind_address" in params:
+        options["coordinator_bind_address"] = coordinator
+    return options
