@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .jax_compat import distributed_initialized, initialize_options
+from .jax_compat import distributed_initialized, enable_cpu_collectives, initialize_options
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ def initialize(
 
     if distributed_initialized(jax):
         raise JaxInitError("jax.distributed was already initialized in this process by other code")
+    enable_cpu_collectives(jax)
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,

@@ -12,6 +12,10 @@ own API, not from its version:
   ``SLURM_LOCALID`` (harmless: it names no GPU on a CPU-only process).
 - ``initialize(coordinator_bind_address=...)``: where present, the coordination service
   (which has no authentication) binds the coordinator's own address instead of ``[::]``.
+- Cross-process collectives on CPU: older releases (0.4.30 here) default
+  ``jax_cpu_collectives_implementation`` to ``"none"``, and a psum across processes fails
+  with "Multiprocess computations aren't implemented on the CPU backend"; newer ones default
+  to gloo. Where it is ``"none"``, gloo is asked for before the backend starts.
 """
 
 from __future__ import annotations
@@ -41,3 +45,11 @@ def initialize_options(jax: Any, coordinator: str) -> dict[str, str]:
     if "coordinator_bind_address" in params:
         options["coordinator_bind_address"] = coordinator
     return options
+
+
+def enable_cpu_collectives(jax: Any) -> None:
+    """Gloo for cross-process collectives on CPU where this JAX's setting says ``"none"``
+    (the old default; a user's explicit choice of gloo or mpi is kept). Must run before
+    JAX's backends start, as ``initialize`` does."""
+    if jax.config.values.get("jax_cpu_collectives_implementation") == "none":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -47,6 +47,8 @@ OLDEST = (2, 52)
 #: The newest Ray tested; a newer 2.x is used with a warning.
 NEWEST_TESTED = (2, 60)
 SUPPORTED = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}"
+#: The first release whose dashboard agent's HTTP server checks the token.
+AGENT_HTTP_TOKEN_SINCE = (2, 54)
 
 
 class UnsupportedRayError(RuntimeError):
@@ -74,8 +76,8 @@ RAY_VERSION = parse_version(RAY_VERSION_TEXT)
 
 
 def check_version(text: str) -> str | None:
-    """Refuse Ray ``text`` when outside the supported range; return a warning for a newer
-    2.x than tested, None for a supported one."""
+    """Refuse Ray ``text`` when outside the supported range; return what a user of it must
+    be warned of (a newer 2.x than tested, an agent without the token check), or None."""
     major, minor, _ = parse_version(text)
     if major != OLDEST[0] or (major, minor) < OLDEST:
         why = " (token authentication, which it relies on, came in 2.52)" if major == 2 else ""
@@ -88,11 +90,12 @@ def check_version(text: str) -> str | None:
             f"Ray {text} is newer than the newest release eray-provider was tested with "
             f"({NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}); supported: Ray {SUPPORTED}"
         )
-    if (major, minor) < (2, 54):
+    if (major, minor) < AGENT_HTTP_TOKEN_SINCE:
+        since = "{}.{}".format(*AGENT_HTTP_TOKEN_SINCE)
         return (
-            f"Ray {text}'s dashboard agent does not check the token (Ray 2.54 and later do): "
+            f"Ray {text}'s dashboard agent does not check the token (Ray {since} and later do): "
             "anyone who can reach the head node's dashboard agent port can submit a job "
-            "that runs as you. Use Ray 2.54 or later on nodes shared with other users"
+            f"that runs as you. Use Ray {since} or later on nodes shared with other users"
         )
     return None
 
@@ -102,7 +105,7 @@ _warned: set[str] = set()
 
 def require_supported_ray() -> None:
     """The first act of every ``ray`` command on our providers: one clear message and exit
-    status 1 on an unsupported Ray, a warning (once per process) on a newer one.
+    status 1 on an unsupported Ray, ``check_version``'s warning (once per process).
 
     It exits rather than raising because Ray's CLI turns any exception from the provider's
     config hooks into a warning and goes on to fail later, somewhere confusing."""
@@ -123,7 +126,7 @@ CONFIG_CACHE_DIGEST = "sha256" if RAY_VERSION[:2] >= (2, 54) else "sha1"
 #: A worker's Ray runs in the head's temp dir path, whatever ``--temp-dir`` says.
 WORKER_TEMP_DIR_FROM_HEAD = RAY_VERSION[:2] < (2, 55)
 #: The dashboard agent's HTTP server refuses requests without the token.
-AGENT_HTTP_TOKEN_CHECK = RAY_VERSION[:2] >= (2, 54)
+AGENT_HTTP_TOKEN_CHECK = RAY_VERSION[:2] >= AGENT_HTTP_TOKEN_SINCE
 
 
 def __getattr__(name: str) -> Any:

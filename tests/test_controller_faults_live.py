@@ -139,7 +139,8 @@ def test_ray_down_while_workers_launch_leaves_no_step(testbed, job, tmp_path, fa
         assert not Path(f"/proc/{late.pid}").exists(), "the late srun is still running"
         assert our_steps(testbed, job, "racing") == []
         assert wait_gone(job, "racing") == []
-        assert not cluster.state_dir.exists()
+        left = sorted(str(p.relative_to(cluster.state_dir)) for p in cluster.state_dir.rglob("*"))
+        assert not cluster.state_dir.exists(), left
     finally:
         up.wait(timeout=300)
         faults.clear()

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import jax
 
-from eray_provider.jax_compat import distributed_initialized, initialize_options
+from eray_provider.jax_compat import distributed_initialized, enable_cpu_collectives, initialize_options
 
 
 def test_not_initialized_in_a_fresh_process_on_this_jax() -> None:
@@ -35,3 +35,14 @@ def test_an_older_initialize_gets_no_option_it_lacks() -> None:
 
     old = SimpleNamespace(distributed=SimpleNamespace(initialize=initialize))
     assert initialize_options(old, "h:1") == {}
+
+
+def test_cpu_collectives_are_on_after_the_call() -> None:
+    """Whatever this JAX's default, cross-process collectives on CPU are not "none" after."""
+    before = jax.config.values.get("jax_cpu_collectives_implementation")
+    try:
+        enable_cpu_collectives(jax)
+        after = jax.config.values.get("jax_cpu_collectives_implementation")
+        assert after in ("gloo", "mpi") and (before == "none" or after == before)
+    finally:
+        jax.config.update("jax_cpu_collectives_implementation", before)
