@@ -36,6 +36,7 @@ from .launch import (
     wait_joined,
 )
 from .node_spec import worker_types
+from .ray_compat import RAY_VERSION_TEXT, check_version
 from .slurm_cli import SlurmCommandError, load_allocation
 from .slurm_env import in_srun_step
 
@@ -69,7 +70,10 @@ def start_cluster(
     """Port plan, then every node at once: the head's step and the workers' (one srun per
     node type), the workers waiting on their nodes for the head's GCS; then wait until
     every node of ``alloc`` has joined. Returns the GCS address; the caller tears down
-    (``teardown``)."""
+    (``teardown``). An unsupported Ray raises ``UnsupportedRayError`` before anything starts."""
+    warning = check_version(RAY_VERSION_TEXT)
+    if warning:
+        print(f"eray-provider: warning: {warning}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     python = provider["python"]
     with state.lock(timeout=120):

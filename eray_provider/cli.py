@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from . import hostlist
 from .allocation import Allocation, AllocationError
 from .ports import PortPlan, PortPlanError, choose_plan
+from .ray_compat import UnsupportedRayError
 
 
 def _cmd_hostnames(args: argparse.Namespace) -> int:
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (hostlist.HostlistError, AllocationError, PortPlanError, ValueError) as e:
+    except (hostlist.HostlistError, AllocationError, PortPlanError, UnsupportedRayError, ValueError) as e:
         print(f"eray-provider: {e}", file=sys.stderr)
         return 2
 

@@ -101,3 +101,16 @@ def test_ray_up_on_a_ray_outside_the_range(tmp_path, fake: str, needle: str, cod
         assert proc.returncode == code and "Traceback" not in out, out[-3000:]
     else:
         assert proc.returncode != 0 and "SLURM_JOB_ID is not set" in out, out[-3000:]
+
+
+def test_eray_provider_run_and_auto_ray_cluster_refuse_before_starting_anything(monkeypatch) -> None:
+    """``batch.start_cluster`` (under both) checks the version before it touches the state."""
+    from eray_provider import batch
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the state was used ({name}) before the version check")
+
+    monkeypatch.setattr(batch, "RAY_VERSION_TEXT", "2.51.0")
+    with pytest.raises(UnsupportedRayError, match="Ray 2.51.0 is installed"):
+        batch.start_cluster(Untouchable(), Untouchable(), {}, 1.0)
