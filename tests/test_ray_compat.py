@@ -112,5 +112,5 @@ def test_eray_provider_run_and_auto_ray_cluster_refuse_before_starting_anything(
             raise AssertionError(f"the state was used ({name}) before the version check")
 
     monkeypatch.setattr(batch, "RAY_VERSION_TEXT", "2.51.0")
-    with pytest.raises(UnsupportedRayError, match="Ray 2.51.0 is installed"):
+    with pytest.raises(UnsupportedRayError, match=r"Ray 2\.51\.0 is installed"):
         batch.start_cluster(Untouchable(), Untouchable(), {}, 1.0)
