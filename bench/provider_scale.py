@@ -305,7 +305,7 @@ def write_markers(state: ClusterState, nodes: dict[str, str], temp_base: Path) -
     for k, (node_id, slurm_node) in enumerate(nodes.items()):
         tmpdirs[node_id] = f"{temp_base}/eray-{state.job_id}-{k:08x}"
         state.write_marker(node_id, "ip", f"10.{k >> 16 & 255}.{k >> 8 & 255}.{k & 255}")
-        state.write_marker(node_id, "tmpdir", f"{slurm_node} {tmpdirs[node_id]}")
+        state.write_temp_dirs(node_id, slurm_node, [tmpdirs[node_id]])
         state.write_marker(node_id, "pid", f"{100000 + k} {5000000 + k}")
     return tmpdirs
 

@@ -26,7 +26,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -254,6 +254,16 @@ class ClusterState:
     def write_marker(self, node_id: str, kind: str, value: str) -> None:
         _write_private(self.marker(node_id, kind), value)
         self._markers = None
+
+    def write_temp_dirs(self, node_id: str, slurm_node: str, paths: Sequence[str]) -> None:
+        """Record the SLURM node a node's process runs on and the temp dirs it uses there
+        (the teardown removes them, for a process that could not), one per line."""
+        self.write_marker(node_id, "tmpdir", "\n".join([slurm_node, *paths]))
+
+    def temp_dirs(self, node_id: str) -> tuple[str, list[str]]:
+        """(SLURM node, temp dirs) as ``write_temp_dirs`` recorded them; ("", []) if not."""
+        node, *paths = (self.read_marker(node_id, "tmpdir") or "").splitlines() or [""]
+        return node, [p for p in paths if p.startswith("/")]
 
     def markers(self) -> frozenset[str]:
         """Names of all marker files: one listdir at most every ``READ_FRESH_SECONDS``."""

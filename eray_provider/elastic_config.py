@@ -23,8 +23,8 @@ from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, ray_resources
 from .sbatch import SbatchRequest, SbatchRequestError
 
 HEAD_MODES = ("auto", "job", "allocation")
-#: How long a worker job may stay pending before the autoscaler gives up on it (Ray's
-#: default is an hour, 300 s before 2.54; queues on busy clusters are often longer).
+#: How long a worker job may stay pending before the autoscaler gives up on it (longer
+#: than Ray's default: queues on busy clusters often are).
 DEFAULT_PENDING_TIMEOUT_S = 24 * 3600
 #: Seconds between the head's autoscaler rounds (``AUTOSCALER_UPDATE_INTERVAL_S``; Ray's
 #: default is 5): demand reaches sbatch sooner, and a round costs the provider a few ms

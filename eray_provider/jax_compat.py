@@ -9,7 +9,8 @@ own API, not from its version:
 - ``initialize(cluster_detection_method=...)`` is missing in older releases, which detect
   SLURM, Open MPI and the like only for the parameters left unset: eray-provider sets all
   of them but, on machines without GPUs, ``local_device_ids``, which JAX then takes from
-  ``SLURM_LOCALID`` (harmless: it names no GPU on a CPU-only process).
+  ``SLURM_LOCALID`` in an srun task (``DistributedConfig``; Ray's workers see no
+  ``SLURM_*``), harmless as it names no GPU on a CPU-only process.
 - ``initialize(coordinator_bind_address=...)``: where present, the coordination service
   (which has no authentication) binds the coordinator's own address instead of ``[::]``.
 - Cross-process collectives on CPU: older releases (0.4.30 here) default

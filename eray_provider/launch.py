@@ -444,10 +444,9 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     outside = {i for i, rec in state.read()["nodes"].items() if rec.get("slurm_job")}
     for name in state.markers():
         if name.endswith(".tmpdir") and name[: -len(".tmpdir")] not in outside:
-            value = state.read_marker(name[: -len(".tmpdir")], "tmpdir") or ""
-            node, _, path = value.partition(" ")
-            if node and path.startswith("/"):
-                per_node.setdefault(node, []).append(path)
+            node, paths = state.temp_dirs(name[: -len(".tmpdir")])
+            if node and paths:
+                per_node.setdefault(node, []).extend(paths)
     if not per_node:
         return
     lines = [f"  {shlex.quote(n)}) rm -rf -- {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from .ports import PortPlan, candidates, choose_plan
 from .process_identity import identity
 from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
 from .sbatch import elastic_node_id
+from .shared_dir import SharedDir
 from .slurm_cli import host_exclusions, load_allocation
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
@@ -142,6 +142,12 @@ def local_port_plan(job_id: str) -> PortPlan:
     return choose_plan(job_id, exclusions, busy_ports([p for c in cands for p in c.all_ports()]))
 
 
+def current_head(state: ClusterState) -> str | None:
+    """The node id of the cluster's head: the last recorded one not terminated."""
+    heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head" and not r.get("terminated")]
+    return heads[-1] if heads else None
+
+
 def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
     """``ip:port`` of the head's GCS once it accepts connections: a worker launched with
     the head waits here. Raises ``NodeRunError`` when the head exits first or is not
@@ -151,10 +157,7 @@ def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
     head = None
     while True:
         state.check_launchable()
-        heads = [
-            i for i, r in state.read()["nodes"].items() if r["role"] == "head" and not r.get("terminated")
-        ]
-        head = heads[-1] if heads else None
+        head = current_head(state)
         if head is not None:
             if state.read_marker(head, "exit") is not None:
                 raise NodeRunError(f"the head {head} exited before this node could join (see {state.logs})")
@@ -176,28 +179,14 @@ def ray_temp_dir(private: str) -> str:
     return os.path.join(private, "ray")
 
 
-def _heads_temp_dir(state: ClusterState) -> tuple[str, bool]:
-    """On a Ray whose workers take the head's ``--temp-dir`` (``ray_compat``): the head's
-    private dir's path, made here (0700) unless this host already has it, and whether this
-    node made it (only then does it remove it). An existing one must be ours and private: a
-    dir another user planted at that path is refused, not used."""
-    records = state.read()["nodes"]
-    heads = [i for i, rec in records.items() if rec["role"] == "head" and not rec.get("terminated")]
-    value = state.read_marker(heads[-1], "tmpdir") if heads else None
-    path = (value or "").partition(" ")[2]
-    if not path.startswith("/"):
-        raise NodeRunError(f"the head recorded no temp dir in {state.dir} (its tmpdir marker: {value!r})")
-    try:
-        os.mkdir(path, 0o700)
-        return path, True
-    except FileExistsError:
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
-            return path, False  # the head, or another node of this cluster, on this host
-        raise NodeRunError(
-            f"{path} (the head's temp dir, which this Ray's workers use) already exists here and is "
-            f"not a private dir of yours (mode {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid})"
-        ) from None
+def heads_temp_dir(state: ClusterState) -> str:
+    """The head's private dir, whose path a worker's Ray takes on a Ray before 2.55
+    (``ray_compat.WORKER_TEMP_DIR_FROM_HEAD``), whatever ``--temp-dir`` says."""
+    head = current_head(state)
+    dirs = state.temp_dirs(head)[1] if head else []
+    if not dirs:
+        raise NodeRunError(f"the head ({head or 'none recorded'}) recorded no temp dir in {state.dir}")
+    return dirs[-1]
 
 
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
@@ -223,6 +212,7 @@ def main() -> int:
         return 2
     role = env["ERAY_ROLE"]
     tmp = None
+    ray_home: SharedDir | None = None
     code = 1
     try:
         config = state.cluster_config()
@@ -240,8 +230,7 @@ def main() -> int:
         ip = pick_ip(provider.get("network"))
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
-        owned = True
-        state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
+        state.write_temp_dirs(node_id, node_name, [tmp])
         state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
         n_workers = max(len(alloc.workers), 10)
@@ -265,17 +254,19 @@ def main() -> int:
             # while the head starts (a cluster of fixed nodes starts every node at once)
             _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
             head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
-            if WORKER_TEMP_DIR_FROM_HEAD:
-                os.rmdir(tmp)
-                tmp, owned = _heads_temp_dir(state)
-                state.write_marker(node_id, "tmpdir", f"{node_name} {tmp}")
+        # the dir Ray runs in, shared on this host with any other node of the cluster whose
+        # Ray takes the same path (before Ray 2.55 every worker takes the head's)
+        ray_home = SharedDir(heads_temp_dir(state) if role == "worker" and WORKER_TEMP_DIR_FROM_HEAD else tmp)
+        ray_home.enter()
+        if ray_home.path != tmp:
+            state.write_temp_dirs(node_id, node_name, [tmp, ray_home.path])
         spec = StartSpec(
             share=alloc.node(node_name),
             job_id=alloc.job_id,
             role=role,
             ip=ip,
             plan=node_plan,
-            temp_dir=ray_temp_dir(tmp),
+            temp_dir=ray_temp_dir(ray_home.path),
             head_address=head_address,
             dashboard_host=provider.get("dashboard_host"),
             object_store_fraction=float(provider["object_store_fraction"]),
@@ -299,8 +290,7 @@ def main() -> int:
                 )
         if role == "head":
             # how long an adopted or launched node may take to run Ray before the autoscaler
-            # gives up on it: elastic worker jobs may wait in the queue; Ray's default was
-            # 300 s before 2.54 (an hour since), too short for long worker setup commands
+            # gives up on it (Ray's default differs by release: ray_compat)
             pending = provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
             ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(pending)
         if role == "head" and provider.get("elastic"):
@@ -330,7 +320,9 @@ def main() -> int:
             state.write_marker(node_id, "exit", str(code))
         except FileNotFoundError:
             pass  # the cluster was torn down and its state removed: nobody waits for it
-        if tmp and owned:
+        if ray_home is not None:
+            ray_home.leave()  # removes it, unless another node of the cluster still runs in it
+        if tmp and (ray_home is None or ray_home.path != tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return code
 

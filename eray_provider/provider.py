@@ -477,8 +477,7 @@ class SlurmNodeProvider(NodeProvider):
         """Stop one node of a multi-node step: SIGTERM to its node_run, by the PID it
         recorded, and only while that PID is still that process (``process_identity``)."""
         command = signal_command(self.state.read_marker(node_id, "pid") or "")
-        # node_run records "<slurm node> <temp dir>" on the node it runs on
-        slurm_node = (self.state.read_marker(node_id, "tmpdir") or "").partition(" ")[0]
+        slurm_node = self.state.temp_dirs(node_id)[0]  # where its node_run runs
         if command is None or not slurm_node:
             return
         job = job_id or self.job_id

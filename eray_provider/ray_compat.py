@@ -17,7 +17,8 @@ by reading the releases' own code, 2.52.0 to 2.60.0:
 - ``WORKER_TEMP_DIR_FROM_HEAD``: before 2.55 ``ray start --temp-dir`` is ignored on a
   worker, which takes the head's temp dir path (read from the GCS) and creates it on its
   own host (``ray/scripts/scripts.py``, ``start``). ``node_run`` then makes that path
-  itself, private, so that it is not created world-readable and is removed at the end.
+  itself, private (``shared_dir``: other nodes of the cluster on the host may share it,
+  and the last to end removes it).
 - ``AGENT_HTTP_TOKEN_CHECK``: from 2.54 the dashboard agent's HTTP server checks the token
   (``ray/dashboard/http_server_agent.py``). Before, it takes jobs from anyone who can reach
   it (``POST /api/job_agent/jobs/``, the head node's agent), which ``require_supported_ray``
@@ -27,8 +28,9 @@ Also read, and the same from 2.52 to 2.60 for what eray-provider uses: the provi
 command runner interfaces, the autoscaler v2 adapter and its adoption of nodes by
 ``RAY_CLOUD_INSTANCE_ID``, the token variables and the dashboard's token check, every
 ``ray start`` flag passed, labels, ``GcsClient.get_all_node_info`` and ``GcsNodeInfo``.
-Not a version test but set on every head: ``RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S``,
-whose default went from 300 s to an hour in 2.54.
+Not a version test but set on every head (``node_run``):
+``RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S``, whose default went from 300 s to an
+hour in 2.54.
 
 The private Ray names the package uses (``cli_logger``, ``ProcessRunnerError``) are imported
 here and nowhere else, so a release that moves one breaks one import. They are imported on

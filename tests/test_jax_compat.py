@@ -20,6 +20,14 @@ def test_a_jax_without_is_initialized_is_read_from_its_global_state() -> None:
     assert distributed_initialized(old) is False
 
 
+def test_the_global_state_fallback_sees_a_client(monkeypatch) -> None:
+    from jax._src import distributed
+
+    monkeypatch.setattr(distributed.global_state, "client", object())
+    old = SimpleNamespace(distributed=SimpleNamespace(initialize=jax.distributed.initialize))
+    assert distributed_initialized(old) is True
+
+
 def test_options_are_the_ones_this_jax_takes() -> None:
     params = inspect.signature(jax.distributed.initialize).parameters
     options = initialize_options(jax, "10.0.0.1:6000")

@@ -126,6 +126,7 @@ def plant_cache(job: str, login_tmp: Path, user: str, marker: Path) -> Path:
     return path
 
 
+@pytest.mark.smoke
 def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
     user = other_user()
     job = testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-sec")

@@ -186,7 +186,7 @@ def test_teardown_cancels_then_removes_the_state(bindir: Path, tmp_path: Path) -
     srun_log = bindir / "srun.log"
     fake(bindir, "srun", f'echo "$*" >> {srun_log}\n')
     _, state = _provider(tmp_path)
-    state.write_marker("n1.1", "tmpdir", "n1 /tmp/eray-77-a")
+    state.write_temp_dirs("n1.1", "n1", ["/tmp/eray-77-a"])
     assert sorted(teardown(state)) == ["77.0", "77.1"]
     assert listing.read_text() == "77.2 eray.cc.head.1\n"  # another cluster's step is left alone
     assert not state.dir.exists()
