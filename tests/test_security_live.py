@@ -235,9 +235,13 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
             for d in dirs:
                 mode = testbed.on_node(node, f"stat -c %a {d}").stdout.strip()
                 assert mode == "700", (node, d, mode)
-                look = as_other_user(testbed, node, user, f"ls {d}/ray", check=False)
-                plant = as_other_user(testbed, node, user, f"touch {d}/ray/planted", check=False)
-                assert look.returncode != 0 and plant.returncode != 0, (node, d, look.stdout)
+                # Ray's own dir where this one holds it, else the dir itself; refused for
+                # want of permission, not for a missing path
+                inner = testbed.on_node(node, f"test -d {d}/ray && echo {d}/ray || echo {d}").stdout.strip()
+                look = as_other_user(testbed, node, user, f"ls {inner}", check=False)
+                plant = as_other_user(testbed, node, user, f"touch {inner}/planted", check=False)
+                assert look.returncode != 0 and plant.returncode != 0, (node, inner, look.stdout)
+                assert "Permission denied" in look.stderr + plant.stderr, (node, inner, look.stderr)
 
         # 6. ray down of `pfx` leaves every step of `pfx-b` running
         def steps() -> dict[str, str]:
