@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -75,6 +76,24 @@ class Cluster:
                 return nodes
             time.sleep(2)
         raise AssertionError(f"{len(nodes)} of {count} nodes alive after {timeout} s: {nodes}")
+
+
+def monitor_log(
+    testbed: Testbed, job_id: str, until: Callable[[str], bool] = lambda _: True, timeout: float = 60
+) -> str:
+    """The head's ``monitor.log``, polled until ``until(text)`` holds or ``timeout`` passes.
+
+    The autoscaler writes an instance's transitions a round (about 5 s) after the node
+    joins the GCS, so a check made the moment ``ray up`` returns can come too early. At the
+    timeout the last text is returned, and the caller's assertion shows it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = testbed.on_node(
+            "node1", f"cat /tmp/eray-{job_id}-*/ray/session_latest/logs/monitor.log 2>/dev/null || true"
+        ).stdout
+        if until(text) or time.monotonic() >= deadline:
+            return text
+        time.sleep(1)
 
 
 def cluster_pids(job_id: str, cluster: str) -> list[int]:

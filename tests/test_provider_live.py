@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from ray_cluster_support import Cluster, node_tmp_entries, run_attach, wait_gone
+from ray_cluster_support import Cluster, monitor_log, node_tmp_entries, run_attach, wait_gone
 from testbed_support import Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -64,12 +64,10 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
             assert not node["ip"].startswith("127.")
 
         # the head's autoscaler adopted the workers started with it, and asked for no others
-        monitor = testbed.on_node(
-            "node1", f"cat /tmp/eray-{ray_job}-*/ray/session_latest/logs/monitor.log 2>/dev/null || true"
-        ).stdout
         # (adopted from the provider's list or from the Ray node that joined first, as the
         # round's timing has it; either way the instance runs with the node's id)
         running = r"ALLOCATED->RAY_RUNNING \(id=[^,]+, type=ray\.worker[^,]*, cloud_instance_id=(node\d)\.\d+"
+        monitor = monitor_log(testbed, ray_job, lambda text: len(re.findall(running, text)) >= 2)
         assert sorted(re.findall(running, monitor)) == ["node2", "node3"], monitor[-3000:]
         assert "allocated unmanaged" in monitor and "REQUESTED" not in monitor, monitor[-3000:]
         assert "SLURM nodes are free" not in monitor, monitor[-3000:]
@@ -134,9 +132,7 @@ def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:
         nodes = cluster.wait_nodes(3)
         assert sorted(n["labels"]["slurm-node"] for n in nodes) == ["node1", "node2", "node3"]
         # v1 keeps the workers started with the head: it does not take them for outdated
-        monitor = testbed.on_node(
-            "node1", f"cat /tmp/eray-{ray_job}-*/ray/session_latest/logs/monitor.log 2>/dev/null || true"
-        ).stdout
+        monitor = monitor_log(testbed, ray_job, lambda text: "StandardAutoscaler" in text)
         assert "StandardAutoscaler" in monitor and "(outdated)" not in monitor, monitor[-3000:]
         monitor = cluster.exec(
             "cat /proc/$(pgrep -f autoscaler/_private/monitor.py | head -1)/environ "
