@@ -41,7 +41,7 @@ def count_alive(address: str, env: dict[str, str]) -> int:
         text=True,
         timeout=60,
     )
-    return len(proc.stdout.split()) if proc.returncode == 0 else 0
+    return len(proc.stdout.splitlines()) if proc.returncode == 0 else 0
 
 
 def squeue_ours(env: dict[str, str]) -> list[str]:

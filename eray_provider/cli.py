@@ -1,4 +1,5 @@
-"""The ``eray-provider`` command: hostlists, allocation inspection, and node helpers.
+"""The ``eray-provider`` command: hostlists, allocation inspection, ``run`` for batch
+scripts, and ``status`` and ``logs`` of the user's clusters.
 
 Exit codes: 0 success, 2 bad input or not inside an allocation (with the reason on
 stderr), 1 any other failure.
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import hostlist
 from .allocation import Allocation, AllocationError
@@ -85,6 +87,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(command, cluster_name=args.name, join_timeout=args.timeout, provider_options=options)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .status import PruneError, format_table, gather, prune, to_json
+
+    statuses = gather(args.state_dir)
+    if args.prune:
+        try:
+            removed = set(prune(statuses))
+        except PruneError as e:
+            print(f"eray-provider: {e}", file=sys.stderr)
+            return 1
+        for path in sorted(removed):
+            print(f"eray-provider: removed {path}", file=sys.stderr)
+        statuses = [s for s in statuses if s.state_dir not in removed]
+    print(to_json(statuses) if args.json else format_table(statuses))
+    return 1 if any(s.state == "unknown" for s in statuses) else 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from .cluster_logs import show_logs
+    from .cluster_state import default_base
+    from .status import state_dirs
+
+    base = args.state_dir or default_base()
+    return show_logs(base, args.cluster, args.job, state_dirs(base), args.node, args.component, args.follow)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eray-provider",
@@ -126,6 +154,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     s.set_defaults(func=_cmd_run)
+
+    state_dir = {"type": Path, "help": "the state base (default: $ERAY_STATE_BASE or ~/.eray-provider)"}
+    s = sub.add_parser(
+        "status",
+        help="every cluster of yours: jobs, nodes alive, head, time left, what is wrong",
+        description="List every cluster found in the state base (fixed and elastic, started from "
+        "anywhere), with one squeue of your jobs and each running head's GCS. Exit 1 when squeue "
+        "did not answer.",
+    )
+    s.add_argument("--json", action="store_true", help="print a JSON list, for scripts")
+    s.add_argument("--prune", action="store_true", help="remove what clusters of ended jobs left (logs too)")
+    s.add_argument("--state-dir", **state_dir)
+    s.set_defaults(func=_cmd_status)
+
+    s = sub.add_parser(
+        "logs",
+        help="the Ray logs of a cluster's nodes, live or collected when they ended",
+        description="Print the Ray logs of a cluster's nodes: from the state dir for nodes whose "
+        "Ray ended (collected at ray down, at the job's end, when a node died), from the node "
+        "itself (an srun step) for live ones.",
+    )
+    s.add_argument("cluster", metavar="CLUSTER", help="the cluster name")
+    s.add_argument("--job", help="which job's cluster of that name (default: the newest)")
+    s.add_argument("--node", help="one node: its node id or its SLURM node")
+    s.add_argument(
+        "--component",
+        action="append",
+        default=[],
+        help="raylet, gcs, monitor, dashboard or worker; repeatable (default: raylet, gcs, monitor)",
+    )
+    s.add_argument("--follow", action="store_true", help="follow one live node's logs until its job ends")
+    s.add_argument("--state-dir", **state_dir)
+    s.set_defaults(func=_cmd_logs)
     return p
 
 

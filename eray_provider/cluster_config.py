@@ -17,6 +17,7 @@ from .allocation import Allocation
 from .cluster_state import default_base
 from .hostlist import HostlistError, expand
 from .names import check_cluster_name
+from .node_logs import DEFAULT_CAP_MB, MAX_CAP_MB
 from .node_spec import (
     DEFAULT_OBJECT_STORE_FRACTION,
     HEAD_TYPE,
@@ -118,6 +119,20 @@ def set_launcher_keys(
         out[key] = list(out.get(key) or [])
 
 
+def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
+    """The provider keys of both kinds of cluster (fixed and elastic), checked."""
+    value = provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ClusterConfigError(f"provider.object_store_fraction must be a number in (0, 1), got {value!r}")
+    mb = provider.get("collect_logs_mb", DEFAULT_CAP_MB)
+    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb <= MAX_CAP_MB:
+        raise ClusterConfigError(
+            f"provider.collect_logs_mb must be a number of MiB from 0 (collect nothing) to {MAX_CAP_MB}, "
+            f"got {mb!r}"
+        )
+    return {"object_store_fraction": float(value), "collect_logs_mb": mb}
+
+
 def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = None) -> dict[str, Any]:
     """The launcher config for ``alloc``; idempotent on an already filled config."""
     if config.get("provider", {}).get(FILLED):
@@ -129,9 +144,8 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
         max_workers = int(out.get("max_workers", -1))
     except (TypeError, ValueError) as e:
         raise ClusterConfigError(f"max_workers must be an integer, got {out.get('max_workers')!r}") from e
-    fraction = float(provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION))
-    if not 0 < fraction < 1:
-        raise ClusterConfigError(f"provider.object_store_fraction must be in (0, 1), got {fraction}")
+    common = common_provider_keys(provider)
+    fraction = common["object_store_fraction"]
     wait = provider.get("wait_for_workers", True)
     if not isinstance(wait, bool):
         raise ClusterConfigError(f"provider.wait_for_workers must be true or false, got {wait!r}")
@@ -159,7 +173,7 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
             "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
             "allocation": alloc.to_dict(),
             "python": python or provider.get("python") or sys.executable,
-            "object_store_fraction": fraction,
+            **common,
             # workers are started by the provider itself in one srun per launch batch
             "disable_node_updaters": True,
             # a node's config is its SLURM node, which never changes: the v1 autoscaler's

@@ -17,6 +17,8 @@ Layout::
     nodes/<id>.ip     address a node's Ray runs on, written by the node
     nodes/<id>.tmpdir its private temp dir on that node, for teardown
     nodes/<id>.exit   written when a node's Ray ends (exit code)
+    ray-logs/         each node's Ray logs, copied there when its Ray ends (node_logs);
+                      the only part a teardown keeps
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 from filelock import FileLock
 
 from .names import check_cluster_name
+from .node_logs import LOGS_DIR
 from .ports import PortPlan
 
 STATE_DIR_ENV = "ERAY_STATE_DIR"
@@ -134,7 +137,20 @@ class ClusterState:
             self.write({"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}})
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Delete the cluster's state: all of its dir but the node logs collected into it
+        (``node_logs``), which outlive the cluster until ``eray-provider status --prune``;
+        the dir itself goes when there are none."""
+        logs = self.dir / LOGS_DIR
+        if logs.is_dir() and not logs.is_symlink() and any(logs.iterdir()):
+            for entry in self.dir.iterdir():
+                if entry.name == LOGS_DIR:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
         self._cache = None
         self._lock = None
 

@@ -517,7 +517,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             if gone:
                 shutil.rmtree(self.state.base / f"{self.cluster_name}-{head}", ignore_errors=True)
                 self._head_log(head).unlink(missing_ok=True)
-        if self.job_id != NO_JOB and self.state.dir.exists():
+        if self.job_id != NO_JOB and self.state.exists():
             SlurmNodeProvider.stop_all(self)
         if self.provider_config.get("head_job_owned"):
             if self.job_id in heads:

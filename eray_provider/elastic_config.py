@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from .allocation import Allocation
-from .cluster_config import FILLED, ClusterConfigError, select_nodes, set_launcher_keys
+from .cluster_config import FILLED, ClusterConfigError, common_provider_keys, select_nodes, set_launcher_keys
 from .cluster_state import default_base
 from .names import check_cluster_name
-from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, ray_resources
+from .node_spec import ray_resources
 from .sbatch import SbatchRequest, SbatchRequestError
 
 HEAD_MODES = ("auto", "job", "allocation")
@@ -87,9 +87,8 @@ def fill_elastic_config(
     check_cluster_name(config.get("cluster_name"))
     out = copy.deepcopy(config)
     provider = out["provider"]
-    fraction = float(provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION))
-    if not 0 < fraction < 1:
-        raise ClusterConfigError(f"provider.object_store_fraction must be in (0, 1), got {fraction}")
+    common = common_provider_keys(provider)
+    fraction = common["object_store_fraction"]
     types_in = out.get("available_node_types")
     head_type = out.get("head_node_type")
     if not isinstance(types_in, dict) or head_type not in (types_in or {}):
@@ -139,7 +138,7 @@ def fill_elastic_config(
             "elastic": True,
             "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
             "python": python or provider.get("python") or sys.executable,
-            "object_store_fraction": fraction,
+            **common,
             "pending_timeout_s": _count(
                 provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
             ),

@@ -1,6 +1,7 @@
 """Ask a cluster's GCS which Ray nodes are alive, from a process of its own.
 
-``python -m eray_provider.gcs_probe HOST:PORT`` prints the addresses of the alive nodes.
+``python -m eray_provider.gcs_probe HOST:PORT`` prints the alive nodes, one a line: their
+instance id (the provider's node id) and address.
 
 ``python -m eray_provider.gcs_probe HOST:PORT --wait --timeout S`` waits until every
 node id given on standard input, one a line, is alive (``RAY_CLOUD_INSTANCE_ID``, which
@@ -71,8 +72,8 @@ def main(argv: list[str]) -> int:
         return wait(args.address, sys.stdin.read().split(), args.timeout)
     from ray._raylet import GcsClient
 
-    for ip in _alive(GcsClient(address=args.address)).values():
-        print(ip)
+    for instance_id, ip in _alive(GcsClient(address=args.address)).items():
+        print(instance_id or "-", ip)
     return 0
 
 

@@ -343,8 +343,9 @@ def watch_alive(
             proc.wait()
 
 
-def gcs_alive_ips(state: ClusterState, address: str, timeout: float = 30) -> set[str] | None:
-    """Addresses of the nodes the GCS at ``address`` lists as alive; None if unreachable."""
+def gcs_alive(state: ClusterState, address: str, timeout: float = 30) -> dict[str, str] | None:
+    """The nodes the GCS at ``address`` lists as alive, node id -> address ("-" for a Ray
+    node that no provider started); None if it did not answer within ``timeout``."""
     env = dict(os.environ, **cluster_env(state))
     env.pop("RAY_ADDRESS", None)
     try:
@@ -358,7 +359,9 @@ def gcs_alive_ips(state: ClusterState, address: str, timeout: float = 30) -> set
         )
     except subprocess.TimeoutExpired:
         return None
-    return set(proc.stdout.split()) if proc.returncode == 0 else None
+    if proc.returncode != 0:
+        return None
+    return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
 
 
 class TeardownError(LaunchError):
@@ -374,7 +377,7 @@ def teardown(state: ClusterState) -> list[str]:
     the lock. When SLURM cannot be reached the state is kept (steps may still run: the
     state is how a later teardown finds them) and ``TeardownError`` says so.
     """
-    if not state.dir.exists():
+    if not state.exists():
         return []
     with state.lock(timeout=300):
         state.mark_stopping()

@@ -4,7 +4,8 @@
 head's provider for workers) picks this node's address, makes a private temp dir,
 runs the setup commands of workers, then runs ``ray start --block`` with the job's
 port plan, token and resources, and records the outcome for the provider. It forwards
-SIGTERM/SIGINT to Ray and removes its temp dir when Ray ends.
+SIGTERM/SIGINT to Ray and, when Ray ends, copies its logs into the state dir
+(``node_logs``) and removes its temp dir.
 
 Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
 ``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``).
@@ -28,6 +29,7 @@ from .allocation import Allocation
 from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
 from .hostlist import HostlistError, expand
+from .node_logs import DEFAULT_CAP_MB, collect
 from .node_spec import StartSpec
 from .port_probe import busy_ports, port_open
 from .ports import PortPlan, candidates, choose_plan
@@ -45,6 +47,8 @@ HEAD_POLL_SECONDS = 0.25
 #: elastic config sets ``provider.pending_timeout_s``): more than a worker's head wait
 #: (``HEAD_WAIT_SECONDS``) plus its setup commands.
 PENDING_TIMEOUT_SECONDS = 3600
+#: How long Ray may take to stop on SIGTERM before its logs are collected regardless.
+STOP_WAIT_SECONDS = 3.0
 
 
 class NodeRunError(RuntimeError):
@@ -189,6 +193,44 @@ def heads_temp_dir(state: ClusterState) -> str:
     return dirs[-1]
 
 
+def _wait_ray(proc: subprocess.Popen, stop_asked: list[float]) -> int:
+    """Ray's exit code; once a stop was asked (``stop_asked`` holds when), at most
+    ``STOP_WAIT_SECONDS`` more, then ``-SIGTERM`` while Ray still stops. Ray drains for up
+    to 30 s on SIGTERM, longer than SLURM's ``KillWait`` may leave before SIGKILL: the
+    logs are collected first, and the end of the step ends what is left of Ray."""
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if stop_asked and time.monotonic() - stop_asked[0] > STOP_WAIT_SECONDS:
+                return -signal.SIGTERM
+
+
+def _collect_logs(
+    state: ClusterState,
+    node_id: str,
+    private: str,
+    provider: dict,
+    role: str,
+    node_name: str,
+    own_job: str | None,
+    code: int,
+) -> None:
+    """Keep this node's Ray logs in the state dir (``node_logs``): its temp dir goes next.
+
+    Best effort, and it never fails the node: a cluster torn down meanwhile (its state
+    removed) or a full file system loses only the copy, said on stderr."""
+    cap = int(float(provider.get("collect_logs_mb", DEFAULT_CAP_MB)) * 2**20)
+    meta = {"slurm_node": node_name, "slurm_job": own_job or state.job_id, "role": role, "exit_code": code}
+    try:
+        dest = collect(ray_temp_dir(private), state.dir, node_id, cap, meta)
+    except OSError as e:
+        print(f"eray-provider: {node_id}: its Ray logs were not collected: {e}", file=sys.stderr, flush=True)
+        return
+    if dest is not None:
+        print(f"eray-provider: {node_id}: Ray logs collected into {dest}", flush=True)
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -213,6 +255,7 @@ def main() -> int:
     role = env["ERAY_ROLE"]
     tmp = None
     ray_home: SharedDir | None = None
+    provider: dict = {}
     code = 1
     try:
         config = state.cluster_config()
@@ -306,12 +349,15 @@ def main() -> int:
         state.check_launchable()  # a teardown that began while this step started wins
         proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
 
+        stop_asked: list[float] = []
+
         def forward(signum, _frame):
+            stop_asked.append(time.monotonic())
             proc.send_signal(signum)
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        code = proc.wait()
+        code = _wait_ray(proc, stop_asked)
     except Exception as e:  # reported to the provider through the exit marker
         print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
         code = 1 if code == 0 else code
@@ -321,6 +367,7 @@ def main() -> int:
         except FileNotFoundError:
             pass  # the cluster was torn down and its state removed: nobody waits for it
         if ray_home is not None:
+            _collect_logs(state, node_id, ray_home.path, provider, role, node_name, own_job, code)
             ray_home.leave()  # removes it, unless another node of the cluster still runs in it
         if tmp and (ray_home is None or ray_home.path != tmp):
             shutil.rmtree(tmp, ignore_errors=True)

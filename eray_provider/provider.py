@@ -39,7 +39,7 @@ from .launch import (
     STEP_GRACE_SECONDS,
     LaunchError,
     ensure_port_plan,
-    gcs_alive_ips,
+    gcs_alive,
     launch_head,
     launch_workers,
     teardown,
@@ -420,7 +420,7 @@ class SlurmNodeProvider(NodeProvider):
             counted = f"{total} of {total} nodes alive"
         except (LaunchError, TimeoutError) as e:
             cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")
-            alive = gcs_alive_ips(self.state, address)
+            alive = gcs_alive(self.state, address)
             counted = (
                 f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
             )

@@ -150,14 +150,14 @@ def _report_done(state: ClusterState, rank: int) -> None:
 
         ray.shutdown()
     finally:
-        if state.dir.exists():
+        if state.exists():
             _marker(state, f"done.{rank}").write_text("")
 
 
 def _teardown(state: ClusterState, processes: int) -> None:
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
     while time.monotonic() < deadline:
-        done = list(state.dir.glob("done.*")) if state.dir.exists() else []
+        done = list(state.dir.glob("done.*")) if state.exists() else []
         if len(done) >= processes:
             break
         time.sleep(0.5)

@@ -200,6 +200,10 @@ class JobInfo:
     nodelist: str
     reason: str
     num_nodes: int
+    #: squeue's ``%L``: ``[days-]hours:minutes:seconds``, ``UNLIMITED``, or "" when unknown
+    time_left: str = ""
+    #: squeue's ``%e``: the (expected) end, ISO local time, or "" when unknown
+    end_time: str = ""
 
     @property
     def live(self) -> bool:
@@ -210,24 +214,27 @@ class JobInfo:
         return self.state == "PENDING" and self.reason.startswith(HOPELESS_REASONS)
 
 
-#: ``squeue -o`` format matching ``parse_squeue``.
-SQUEUE_FORMAT = "%i|%T|%D|%N|%r|%j"
+#: ``squeue -o`` format matching ``parse_squeue`` (the name last: it may hold '|').
+SQUEUE_FORMAT = "%i|%T|%D|%N|%r|%L|%e|%j"
+_UNKNOWN = ("", "(null)", "N/A", "NONE", "INVALID", "Unknown")
 
 
 def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """Lines of ``squeue -h -o SQUEUE_FORMAT`` -> job id -> JobInfo (the name may hold '|')."""
+    """Lines of ``squeue -h -o SQUEUE_FORMAT`` -> job id -> JobInfo."""
     jobs: dict[str, JobInfo] = {}
     for line in text.splitlines():
-        parts = line.strip().split("|", 5)
-        if len(parts) != 6 or not parts[0].isdigit():
+        parts = line.strip().split("|", 7)
+        if len(parts) != 8 or not parts[0].isdigit():
             continue
-        job_id, state, count, nodelist, reason, name = parts
+        job_id, state, count, nodelist, reason, left, end, name = parts
         jobs[job_id] = JobInfo(
             job_id=job_id,
             state=state.split()[0] if state else "",
             name=name,
-            nodelist="" if nodelist in ("", "(null)") else nodelist,
+            nodelist="" if nodelist in _UNKNOWN else nodelist,
             reason=reason,
             num_nodes=int(count) if count.isdigit() else 0,
+            time_left="" if left in _UNKNOWN else left,
+            end_time="" if end in _UNKNOWN else end,
         )
     return jobs

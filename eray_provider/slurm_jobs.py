@@ -19,7 +19,8 @@ from .sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
 from .slurm_cli import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
 
 
-def _user() -> str:
+def user_name() -> str:
+    """The user whose jobs we list (squeue -u): the name, or the uid when there is none."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):
@@ -92,7 +93,7 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
 
 def list_jobs(cluster: str) -> dict[str, JobInfo]:
     """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
-    out = run_slurm(["squeue", "-h", "-u", _user(), "-o", SQUEUE_FORMAT])
+    out = run_slurm(["squeue", "-h", "-u", user_name(), "-o", SQUEUE_FORMAT])
     return {k: v for k, v in parse_squeue(out).items() if is_cluster_job(v.name, cluster)}
 
 

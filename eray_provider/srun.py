@@ -23,6 +23,8 @@ from .slurm_cli import SlurmAnswerError, SlurmCommandError, command_env, run_slu
 #: they describe the caller's step (node count, tasks, step node list) and would silently
 #: shape the new one.
 _KEEP = {"SLURM_CONF"}
+#: Seconds a cancelled step's Ray gets, after SIGTERM, to stop and collect its logs.
+STOP_GRACE_SECONDS = 20.0
 
 
 def clean_env(env: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -139,25 +141,44 @@ def job_state(job_id: str) -> str | None:
     return out.strip().splitlines()[0] if out.strip() else None
 
 
-def cancel_steps(step_ids: Sequence[str], job_id: str, wait: float = 60) -> None:
-    """Cancel the given steps (one scancel) and wait until squeue no longer lists them.
+def cancel_steps(
+    step_ids: Sequence[str], job_id: str, wait: float = 60, grace: float = STOP_GRACE_SECONDS
+) -> None:
+    """End the given steps and wait until squeue no longer lists them.
 
+    First SIGTERM (``scancel --signal=TERM``): a plain scancel of a step kills its
+    processes at once, and a node's Ray then neither stops cleanly nor collects its logs
+    (``node_run``). The steps still listed ``grace`` seconds later are cancelled (SIGKILL).
     Steps that ended meanwhile make scancel answer ``already completing``: fine, the wait
     decides. A scancel that cannot reach the controller is raised (after its retries)."""
-    if not step_ids:
+    remaining = set(step_ids)
+    if grace > 0 and remaining:
+        try:
+            run_slurm(["scancel", "--signal=TERM", *sorted(remaining)])
+        except SlurmAnswerError:
+            pass
+        remaining = _wait_unlisted(remaining, job_id, grace)
+    if not remaining:
         return
     try:
-        run_slurm(["scancel", *step_ids])
+        run_slurm(["scancel", *sorted(remaining)])
     except SlurmAnswerError:
         pass
-    deadline = time.monotonic() + wait
-    remaining = set(step_ids)
-    while remaining and time.monotonic() < deadline:
-        steps = list_steps(job_id)
-        if steps is None:
-            return
-        remaining &= set(steps)
-        if remaining:
-            time.sleep(0.3)
+    remaining = _wait_unlisted(remaining, job_id, wait)
     if remaining:
         raise SlurmCommandError(f"steps {sorted(remaining)} still running {wait:.0f} s after scancel")
+
+
+def _wait_unlisted(step_ids: set[str], job_id: str, timeout: float) -> set[str]:
+    """The steps of ``step_ids`` squeue still lists after at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    remaining = set(step_ids)
+    while remaining:
+        steps = list_steps(job_id)
+        if steps is None:
+            return set()  # the job ended, and every step with it
+        remaining &= set(steps)
+        if not remaining or time.monotonic() >= deadline:
+            break
+        time.sleep(0.3)
+    return remaining

@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 from testbed_support import REPO, Testbed
 
+from eray_provider.node_logs import collected
+
 VENV_BIN = str(Path(sys.executable).parent)
 
 
@@ -126,6 +128,23 @@ def wait_gone(job_id: str, cluster: str, timeout: float = 60) -> list[int]:
         time.sleep(0.5)
         pids = cluster_pids(job_id, cluster)
     return pids
+
+
+def state_left(state_dir: Path) -> list[str]:
+    """What a teardown left of a cluster's state dir besides the node logs it keeps
+    (``ray-logs/``, see ``node_logs``): [] when the teardown was complete."""
+    if not state_dir.exists():
+        return []
+    return sorted(
+        str(p.relative_to(state_dir))
+        for p in state_dir.rglob("*")
+        if p.relative_to(state_dir).parts[0] != "ray-logs"
+    )
+
+
+def collected_logs(state_dir: Path) -> dict[str, dict]:
+    """Node id -> ``node.json`` of the Ray logs collected into a state dir."""
+    return {c.node_id: c.meta for c in collected(state_dir)}
 
 
 def node_tmp_entries(testbed: Testbed, node: str, job_id: str) -> list[str]:

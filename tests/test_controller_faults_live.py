@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fault_injection import FaultyCommands
-from ray_cluster_support import Cluster, cluster_pids, wait_gone
+from ray_cluster_support import Cluster, cluster_pids, state_left, wait_gone
 from test_batch_live import sbatch, wait_done
 from test_elastic_live import ElasticCluster
 from testbed_support import REPO, Testbed
@@ -100,7 +100,7 @@ def test_a_flaky_controller_loses_no_state_and_starts_no_second_head(testbed, jo
         assert len(faults.faulted("scancel")) == 2
         assert our_steps(testbed, job, "flaky") == []
         assert wait_gone(job, "flaky") == []
-        assert not cluster.state_dir.exists()
+        assert state_left(cluster.state_dir) == []
     finally:
         faults.clear()
         cluster.down(check=False)
@@ -139,8 +139,7 @@ def test_ray_down_while_workers_launch_leaves_no_step(testbed, job, tmp_path, fa
         assert not Path(f"/proc/{late.pid}").exists(), "the late srun is still running"
         assert our_steps(testbed, job, "racing") == []
         assert wait_gone(job, "racing") == []
-        left = sorted(str(p.relative_to(cluster.state_dir)) for p in cluster.state_dir.rglob("*"))
-        assert not cluster.state_dir.exists(), left
+        assert state_left(cluster.state_dir) == []
     finally:
         up.wait(timeout=300)
         faults.clear()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import stat
 import subprocess
 import threading
 
 import pytest
-from ray_cluster_support import Cluster, cluster_pids, wait_gone
+from ray_cluster_support import Cluster, cluster_pids, state_left, wait_gone
 from testbed_support import Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -144,4 +143,4 @@ def test_racing_ray_up_builds_one_cluster(testbed: Testbed, tmp_path) -> None:
     finally:
         cluster.down(check=False)
         testbed.cancel(j)
-    assert not os.path.exists(cluster.state_dir)
+    assert state_left(cluster.state_dir) == []

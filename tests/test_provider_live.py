@@ -8,7 +8,15 @@ import signal
 from pathlib import Path
 
 import pytest
-from ray_cluster_support import Cluster, monitor_log, node_tmp_entries, run_attach, wait_gone
+from ray_cluster_support import (
+    Cluster,
+    collected_logs,
+    monitor_log,
+    node_tmp_entries,
+    run_attach,
+    state_left,
+    wait_gone,
+)
 from testbed_support import Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -115,7 +123,10 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         assert wait_gone(ray_job, "life") == []
         for node in ("node1", "node2", "node3"):
             assert node_tmp_entries(testbed, node, ray_job) == []
-        assert not cluster.state_dir.exists()
+        # the state is gone but for every node's Ray logs, the killed one's and its successor's too
+        assert state_left(cluster.state_dir) == []
+        logs = collected_logs(cluster.state_dir)
+        assert sorted(m["slurm_node"] for m in logs.values()) == ["node1", "node2", "node3", "node3"], logs
         assert cluster.down().returncode == 0  # twice is harmless
     finally:
         cluster.down(check=False)

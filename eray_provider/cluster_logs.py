@@ -1,0 +1,155 @@
+"""``eray-provider logs CLUSTER``: the Ray logs of a cluster's nodes, live or ended.
+
+A node whose Ray ended left its logs in the cluster's state dir (``node_logs``), and
+they are read there, also after ``ray down`` and after the job. A node whose Ray still
+runs is read where its logs are, on the node's local disk: ``python -m
+eray_provider.node_logs`` runs there as a step of the node's job (``srun --overlap``,
+named as a step of the cluster, so a teardown ends it), printing or following (``tail
+-F``) the files. ``--follow`` ends with the node's job, or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cluster_state import ClusterState
+from .names import check_cluster_name, step_name
+from .node_logs import DEFAULT_COMPONENTS, check_components, collected, show
+from .srun import clean_env, srun_argv
+
+#: Seconds a live node may take to print its logs (``--follow`` has no limit but the job).
+LIVE_READ_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class NodeLogs:
+    """Where one node's logs are: collected into ``path``, or live in its private dir
+    ``path`` on ``slurm_node``, reached as a step of ``slurm_job``."""
+
+    node_id: str
+    slurm_node: str
+    slurm_job: str
+    live: bool
+    path: str
+    session: str = ""
+
+    @property
+    def title(self) -> str:
+        where = "live" if self.live else f"collected, {self.session}"
+        return f"{self.node_id} on {self.slurm_node or '?'} ({where})"
+
+
+def find_cluster(base: Path, cluster: str, job: str | None, dirs: list[tuple[str, str, Path]]) -> str:
+    """The job of ``cluster`` to read: ``job`` when given, else its newest. Pure over
+    ``dirs`` (``status.state_dirs``); a ValueError names what exists."""
+    check_cluster_name(cluster, "CLUSTER")
+    jobs = sorted((j for name, j, _ in dirs if name == cluster), key=int)
+    if not jobs:
+        raise ValueError(f"no cluster {cluster!r} under {base} (`eray-provider status` lists them)")
+    if job is not None and job not in jobs:
+        raise ValueError(f"--job {job!r}: cluster {cluster!r} has state of job(s) {', '.join(jobs)} only")
+    if job is None and len(jobs) > 1:
+        print(
+            f"eray-provider: cluster {cluster!r} has state of jobs {', '.join(jobs)}: showing {jobs[-1]} "
+            "(--job picks another)",
+            file=sys.stderr,
+        )
+    return job or jobs[-1]
+
+
+def node_logs(state: ClusterState) -> list[NodeLogs]:
+    """Every node with logs to show: its collected logs once its Ray ended (the newest
+    session), else its live dir."""
+    out: dict[str, NodeLogs] = {}
+    for c in collected(state.dir):
+        meta = c.meta
+        out[c.node_id] = NodeLogs(
+            c.node_id,
+            str(meta.get("slurm_node", "")),
+            str(meta.get("slurm_job", "")),
+            False,
+            str(c.path),
+            c.session,
+        )
+    if state.exists():
+        markers = state.markers()
+        for node_id, rec in state.read()["nodes"].items():
+            if rec.get("terminated") or f"{node_id}.exit" in markers:
+                continue
+            slurm_node, dirs = state.temp_dirs(node_id)
+            if dirs:
+                job = str(rec.get("slurm_job") or state.job_id)
+                out[node_id] = NodeLogs(node_id, slurm_node, job, True, dirs[-1])
+    return sorted(out.values(), key=lambda n: n.node_id)
+
+
+def pick(nodes: list[NodeLogs], node: str | None) -> list[NodeLogs]:
+    """The nodes ``--node`` names (a node id or a SLURM node); all when None."""
+    if node is None:
+        return nodes
+    chosen = [n for n in nodes if node in (n.node_id, n.slurm_node)]
+    if not chosen:
+        have = ", ".join(f"{n.node_id} ({n.slurm_node})" for n in nodes) or "none"
+        raise ValueError(f"--node {node!r} has no logs here; nodes with logs: {have}")
+    return chosen
+
+
+def _live(state: ClusterState, n: NodeLogs, components: list[str], follow: bool) -> int:
+    python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
+    command = [python, "-m", "eray_provider.node_logs", n.path, "--title", n.title]
+    command += [f"--component={c}" for c in components] + (["--follow"] if follow else [])
+    argv = srun_argv(n.slurm_job, [n.slurm_node], command, name=step_name(state.cluster_name, "logs"))
+    sys.stdout.flush()
+    try:
+        return subprocess.run(
+            argv,
+            env=clean_env(os.environ),
+            stdin=subprocess.DEVNULL,
+            timeout=None if follow else LIVE_READ_TIMEOUT,
+        ).returncode
+    except subprocess.TimeoutExpired:
+        print(
+            f"eray-provider: reading the logs of {n.title} took over {LIVE_READ_TIMEOUT:.0f} s",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130  # srun got the same SIGINT and ends its step
+
+
+def show_logs(
+    base: Path,
+    cluster: str,
+    job: str | None,
+    dirs: list[tuple[str, str, Path]],
+    node: str | None = None,
+    components: list[str] | None = None,
+    follow: bool = False,
+) -> int:
+    """Print the logs; returns the exit status (1: nothing to show, or a node not read)."""
+    components = check_components(components or []) or list(DEFAULT_COMPONENTS)
+    job = find_cluster(base, cluster, job, dirs)
+    state = ClusterState(cluster, job, base)
+    chosen = pick(node_logs(state), node)
+    if not chosen:
+        print(f"eray-provider: cluster {cluster!r} of job {job}: no node logs here", file=sys.stderr)
+        return 1
+    if follow:
+        live = [n for n in chosen if n.live]
+        if len(live) != 1 or len(chosen) != 1:
+            raise ValueError(
+                "--follow follows one live node: name it with --node (live: "
+                f"{', '.join(n.node_id for n in live) or 'none'})"
+            )
+        return _live(state, live[0], components, follow=True)
+    status = 0
+    for n in chosen:
+        if n.live:
+            status = max(status, _live(state, n, components, follow=False))
+        elif show(Path(n.path), components, n.title) == 0:
+            print(f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected", file=sys.stderr)
+    return status

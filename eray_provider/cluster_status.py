@@ -1,0 +1,202 @@
+"""What ``eray-provider status`` says of one cluster, from what was read about it: pure.
+
+The facts come from three places, read elsewhere (``status``): the cluster's state dir
+(node records, markers, port plan, config), one ``squeue`` of the user's jobs, and the
+head's GCS (which node ids are alive in Ray). Each may be missing: a ``squeue`` that
+failed is not an answer about the job (the cluster's state is then ``unknown``, never
+``ended``), and a GCS that did not answer leaves every node's Ray state ``unknown``.
+
+Cluster states, in the order they are decided:
+
+- ``down``: torn down; only the node logs collected at its end are left (removed by
+  ``--prune`` once its job has ended)
+- ``unknown``: squeue did not answer
+- ``ended``: SLURM says the head's job is over (or no longer lists it)
+- ``stopping``: ``ray down`` began and has not finished
+- ``pending``: the head's job waits in the queue (an elastic cluster from a login node)
+- ``head-gone``: the job runs, the head's Ray does not (exited, or no head recorded)
+- ``unreachable``: the head's GCS did not answer from here
+- ``degraded``: some expected node is not alive in Ray
+- ``running``: every expected node is alive
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .ports import PortPlan
+from .sbatch import JobInfo
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: str
+    role: str
+    #: the SLURM node it runs on ("" while its elastic job is pending)
+    slurm_node: str
+    #: the SLURM job it runs in
+    slurm_job: str
+    #: alive, not-in-ray, exited, pending, job-ended, unknown
+    state: str
+    detail: str = ""
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    job_id: str
+    #: fixed (the nodes of one allocation) or elastic (worker jobs of their own)
+    kind: str
+    state: str
+    state_dir: str
+    slurm_state: str = ""
+    time_left: str = ""
+    end_time: str = ""
+    token_file: str = ""
+    head_address: str = ""
+    dashboard: str = ""
+    ports: dict[str, Any] = field(default_factory=dict)
+    nodes: list[NodeStatus] = field(default_factory=list)
+    expected: int = 0
+    #: nodes alive in Ray; None when the GCS was not asked or did not answer
+    alive: int | None = None
+    problems: list[str] = field(default_factory=list)
+    #: node logs collected into the state dir (node ids)
+    logs: list[str] = field(default_factory=list)
+    #: SLURM says the job ended: ``status --prune`` removes what is left of it
+    prunable: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def down_status(
+    name: str, job_id: str, state_dir: str, logs: list[str], jobs: Mapping[str, JobInfo] | None
+) -> ClusterStatus:
+    """A cluster torn down, whose collected node logs are all that is left of it."""
+    job = jobs.get(job_id) if jobs is not None else None
+    st = ClusterStatus(name=name, job_id=job_id, kind="-", state="down", state_dir=state_dir, logs=logs)
+    st.slurm_state = job.state if job else ""
+    st.prunable = jobs is not None and (job is None or not job.live)
+    return st
+
+
+def summarize(
+    doc: Mapping[str, Any],
+    ips: Mapping[str, str],
+    exits: Mapping[str, str],
+    provider: Mapping[str, Any],
+    plan: PortPlan | None,
+    jobs: Mapping[str, JobInfo] | None,
+    alive: Mapping[str, str] | None,
+    *,
+    state_dir: str,
+    token_file: str,
+    logs: list[str] | None = None,
+    squeue_error: str = "",
+    gcs_error: str = "",
+) -> ClusterStatus:
+    """One cluster's status.
+
+    ``doc`` is its ``state.json``; ``ips`` and ``exits`` map node ids to what their
+    ``.ip`` and ``.exit`` markers hold (an address; the exit code of a node whose Ray
+    ended); ``provider`` the provider section of
+    its ``cluster.json`` ({} when there is none), ``jobs`` the user's jobs by id as squeue
+    listed them (None: squeue failed, ``squeue_error`` says how), ``alive`` node id ->
+    address of the nodes the head's GCS lists alive (None: not asked, or no answer, as
+    ``gcs_error`` says)."""
+    job_id = str(doc["job_id"])
+    st = ClusterStatus(
+        name=str(doc["cluster_name"]),
+        job_id=job_id,
+        kind="elastic" if provider.get("elastic") else "fixed",
+        state="",
+        state_dir=state_dir,
+        token_file=token_file,
+        ports=plan.to_dict() if plan else {},
+        logs=list(logs or []),
+    )
+    head_job = jobs.get(job_id) if jobs is not None else None
+    if head_job is not None:
+        st.slurm_state = head_job.state
+        if head_job.live:
+            st.time_left, st.end_time = head_job.time_left, head_job.end_time
+
+    records = {i: r for i, r in doc.get("nodes", {}).items() if not r.get("terminated")}
+    heads = [i for i, r in records.items() if r.get("role") == "head"]
+    head = heads[-1] if heads else None
+    if head is not None and head in ips and plan is not None:
+        st.head_address = f"{ips[head]}:{plan.gcs}"
+        st.dashboard = f"{ips[head]}:{plan.dashboard}"
+
+    job_ended = jobs is not None and (head_job is None or not head_job.live)
+    for node_id, rec in records.items():
+        st.nodes.append(_node(node_id, rec, job_id, exits, jobs, alive, job_ended))
+    st.expected = len(st.nodes)
+    if alive is not None:
+        st.alive = sum(1 for n in st.nodes if n.state == "alive")
+
+    if jobs is None:
+        st.state = "unknown"
+        st.problems.append(f"squeue did not answer, so nothing is known of job {job_id}: {squeue_error}")
+    elif job_ended:
+        st.state, st.prunable = "ended", True
+        how = f"is {head_job.state}" if head_job is not None else "is no longer listed by squeue"
+        st.problems.append(
+            f"job {job_id} {how}: the cluster is gone (`eray-provider status --prune` removes it)"
+        )
+    elif doc.get("stopping"):
+        st.state = "stopping"
+        st.problems.append("`ray down` began and did not finish: run it again")
+    elif head_job is not None and head_job.state == "PENDING":
+        st.state = "pending"
+        st.problems.append(f"job {job_id} is pending ({head_job.reason})")
+    elif head is None or head in exits:
+        st.state = "head-gone"
+        if head is None:
+            st.problems.append("no head is recorded")
+        else:
+            st.problems.append(f"the head {head} exited (exit {exits[head]}): see {state_dir}/logs")
+    elif alive is None:
+        st.state = "unreachable"
+        st.problems.append(
+            f"the head's GCS at {st.head_address or '?'} did not answer from here: {gcs_error}"
+        )
+    else:
+        missing = [n for n in st.nodes if n.state != "alive"]
+        st.state = "degraded" if missing else "running"
+        for n in missing:
+            where = n.slurm_node or n.slurm_job
+            st.problems.append(f"node {n.node_id} ({where}): {n.state} {n.detail}".rstrip())
+    return st
+
+
+def _node(
+    node_id: str,
+    rec: Mapping[str, Any],
+    cluster_job: str,
+    exits: Mapping[str, str],
+    jobs: Mapping[str, JobInfo] | None,
+    alive: Mapping[str, str] | None,
+    job_ended: bool,
+) -> NodeStatus:
+    own_job = str(rec.get("slurm_job") or "")  # an elastic worker's job of its own
+    job = jobs.get(own_job) if (jobs is not None and own_job) else None
+    slurm_node = str(rec.get("slurm_node") or (job.nodelist if job else ""))
+
+    def node(state: str, detail: str = "") -> NodeStatus:
+        return NodeStatus(
+            node_id, str(rec.get("role", "")), slurm_node, own_job or cluster_job, state, detail
+        )
+
+    if own_job and jobs is not None and (job is None or not job.live):
+        return node("job-ended", f"(job {own_job} {job.state if job else 'is no longer listed'})")
+    if job is not None and job.state == "PENDING":
+        return node("pending", f"({job.reason})")
+    if node_id in exits:
+        return node("exited", f"(exit {exits[node_id]})")
+    if alive is None or job_ended:
+        return node("unknown")
+    return node("alive" if node_id in alive else "not-in-ray")

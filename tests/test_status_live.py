@@ -1,0 +1,140 @@
+"""``eray-provider status`` and ``eray-provider logs`` on the test bed: three clusters on
+three jobs, one of whose jobs is cancelled; a worker's raylet killed in two of them, its
+log read after ``ray down`` and after ``scancel``; ``--prune`` removing only the ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+from ray_cluster_support import Cluster, collected_logs
+from testbed_support import Testbed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+def _worker(cluster: Cluster) -> tuple[str, str, str]:
+    """(node id, SLURM node, address) of the cluster's one live worker."""
+    doc = json.loads((cluster.state_dir / "state.json").read_text())
+    (node_id,) = [i for i, r in doc["nodes"].items() if r["role"] == "worker" and not r.get("terminated")]
+    ip = (cluster.state_dir / "nodes" / f"{node_id}.ip").read_text().strip()
+    return node_id, doc["nodes"][node_id]["slurm_node"], ip
+
+
+def _kill_raylet(testbed: Testbed, cluster: Cluster) -> tuple[str, int]:
+    """SIGKILL the worker's raylet, wait until its node recorded the end and its logs were
+    collected; returns (node id, the raylet's pid)."""
+    node_id, _, ip = _worker(cluster)
+    tmp = (cluster.state_dir / "nodes" / f"{node_id}.tmpdir").read_text().split()[1]
+    # by temp dir and address: the test bed's nodes share one PID namespace
+    (pid,) = testbed.run(
+        ["pgrep", "-f", f"raylet.*{tmp}.*--node_ip_address={re.escape(ip)}( |$)"]
+    ).stdout.split()
+    os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while node_id not in collected_logs(cluster.state_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    logs = collected_logs(cluster.state_dir)
+    assert node_id in logs, f"{node_id}'s logs were not collected within 90 s: {logs}"
+    assert (cluster.state_dir / "nodes" / f"{node_id}.exit").exists()
+    return node_id, int(pid)
+
+
+def _eray(testbed: Testbed, cluster: Cluster, *args: str, check: bool = True):
+    return testbed.run(["eray-provider", *args], env=cluster.env, timeout=180, check=check)
+
+
+def _raylet_lines(out: str, pid: int) -> list[str]:
+    """Lines of the raylet whose pid is ``pid`` (glog: ``[time I pid tid] (raylet) ...``)."""
+    return [line for line in out.splitlines() if re.search(rf"\[[^]]* {pid} \d+\] \(raylet\)", line)]
+
+
+def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, tmp_path) -> None:
+    jobs = [
+        testbed.salloc("-N2", "-c1", "--mem=1500", "-t", "30", "-J", "eray-status-a"),
+        testbed.salloc("-N1", "-c1", "--mem=1500", "-J", "eray-status-b"),
+        testbed.salloc("-N2", "-c1", "--mem=1500", "-J", "eray-status-c"),
+    ]
+    sa, sb, sc = (Cluster(testbed, j, tmp_path, n) for j, n in zip(jobs, ("sa", "sb", "sc")))
+    try:
+        for cluster in (sa, sb, sc):
+            cluster.up()
+
+        # a live node's raylet log is read on its node
+        live = _eray(testbed, sa, "logs", "sa", "--node", _worker(sa)[1], "--component", "raylet").stdout
+        assert re.search(r"==> \S+ on node\d \(live\): raylet\.out <==", live), live[-2000:]
+        assert "(raylet)" in live
+
+        # sc: a worker's raylet dies, then the job is cancelled
+        dead_c, pid_c = _kill_raylet(testbed, sc)
+        testbed.cancel(sc.job_id)
+        deadline = time.monotonic() + 60
+        while (
+            time.monotonic() < deadline and testbed.run(["squeue", "-h", "-j", sc.job_id], check=False).stdout
+        ):
+            time.sleep(1)
+
+        table = _eray(testbed, sa, "status").stdout
+        rows = {
+            tuple(line.split()[:2]): line.split()
+            for line in table.splitlines()
+            if line and not line[0].isspace()
+        }
+        assert rows["sa", sa.job_id][2:5] == ["fixed", "running", "2/2"], table
+        assert rows["sb", sb.job_id][2:5] == ["fixed", "running", "1/1"], table
+        assert rows["sc", sc.job_id][2:4] == ["fixed", "ended"], table
+        listed = json.loads(_eray(testbed, sa, "status", "--json").stdout)
+        doc = {
+            s["name"]: s
+            for s in listed
+            if (s["name"], s["job_id"]) in {(c.name, c.job_id) for c in (sa, sb, sc)}
+        }
+        for name, cluster in (("sa", sa), ("sb", sb), ("sc", sc)):
+            st = doc[name]
+            assert st["state"] == rows[name, cluster.job_id][3]
+            assert st["state_dir"] == str(cluster.state_dir)
+        assert doc["sa"]["alive"] == doc["sa"]["expected"] == 2 and doc["sb"]["alive"] == 1
+        plan = json.loads((sa.state_dir / "ports.json").read_text())
+        assert (
+            doc["sa"]["head_address"].endswith(f":{plan['gcs']}") and doc["sa"]["ports"]["gcs"] == plan["gcs"]
+        )
+        assert doc["sa"]["token_file"] == str(sa.state_dir / "auth_token")
+        assert re.fullmatch(r"(29|30):\d\d", doc["sa"]["time_left"]), doc["sa"]  # salloc -t 30
+        assert doc["sb"]["time_left"] == "UNLIMITED"
+        assert doc["sc"]["prunable"] and dead_c in doc["sc"]["logs"]
+        assert any(f"job {sc.job_id}" in p for p in doc["sc"]["problems"])
+
+        # after scancel: the killed worker's raylet log, from the state dir
+        out = _eray(testbed, sc, "logs", "sc", "--node", dead_c, "--component", "raylet").stdout
+        assert f"==> {dead_c} on node" in out and "(collected, session_" in out
+        assert _raylet_lines(out, pid_c), out[-2000:]
+
+        # sa: a worker's raylet dies, then `ray down`: its log is still there
+        dead_a, pid_a = _kill_raylet(testbed, sa)
+        sa.down()
+        assert sorted(os.listdir(sa.state_dir)) == ["ray-logs"]
+        out = _eray(testbed, sa, "logs", "sa", "--node", dead_a, "--component", "raylet").stdout
+        assert _raylet_lines(out, pid_a), out[-2000:]
+        head_logs = _eray(testbed, sa, "logs", "sa", "--node", "node1", "--component", "gcs").stdout
+        assert "gcs_server.out <==" in head_logs
+
+        # --prune removes the ended job's cluster only (sa's job still runs: its logs stay)
+        pruned = _eray(testbed, sa, "status", "--prune")
+        assert f"removed {sc.state_dir}" in pruned.stderr
+        assert not sc.state_dir.exists() and (sb.state_dir / "state.json").exists()
+        assert sorted(os.listdir(sa.state_dir)) == ["ray-logs"]
+        after = {
+            (s["name"], s["job_id"]): s["state"]
+            for s in json.loads(_eray(testbed, sa, "status", "--json").stdout)
+        }
+        assert after.get(("sa", sa.job_id)) == "down" and after.get(("sb", sb.job_id)) == "running"
+        assert ("sc", sc.job_id) not in after
+    finally:
+        for cluster in (sa, sb, sc):
+            cluster.down(check=False)
+        for job in jobs:
+            testbed.cancel(job)
