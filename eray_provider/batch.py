@@ -38,6 +38,7 @@ from .launch import (
 from .node_spec import worker_types
 from .ray_compat import RAY_VERSION_TEXT, check_version
 from .slurm_cli import SlurmCommandError, load_allocation
+from .slurm_cli import cluster_name as slurm_cluster_name
 from .slurm_env import in_srun_step
 
 DEFAULT_JOIN_TIMEOUT = 300.0
@@ -77,7 +78,7 @@ def start_cluster(
     t0 = time.monotonic()
     python = provider["python"]
     with state.lock(timeout=120):
-        state.create()
+        state.create(slurm_cluster=slurm_cluster_name(os.environ))
         ensure_port_plan(state, alloc, python)
         state.save_cluster_config({"provider": provider})
     head = alloc.head.name
@@ -93,7 +94,7 @@ def start_cluster(
         launch_workers(state, {s.name: ids[s.name] for s in shares}, node_type, python, batch)
     address = wait_head_ready(state, ids[head], proc, head_log(state, ids[head]))
     _log(f"head on {head} at {address} ({time.monotonic() - t0:.1f} s)")
-    wait_joined(state, address, list(ids.values()), join_timeout, stopped)
+    wait_joined(state, address, list(ids.values()), join_timeout, stopped, say=_log)
     _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s)")
     return address
 

@@ -91,17 +91,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from .status import PruneError, format_table, gather, prune, to_json
 
     statuses = gather(args.state_dir)
+    failed: list[str] = []
     if args.prune:
         try:
-            removed = set(prune(statuses))
+            removed, failed = prune(statuses)
         except PruneError as e:
             print(f"eray-provider: {e}", file=sys.stderr)
             return 1
-        for path in sorted(removed):
+        for path in removed:
             print(f"eray-provider: removed {path}", file=sys.stderr)
+        for why in failed:
+            print(f"eray-provider: not removed: {why}", file=sys.stderr)
         statuses = [s for s in statuses if s.state_dir not in removed]
-    print(to_json(statuses) if args.json else format_table(statuses))
-    return 1 if any(s.state == "unknown" for s in statuses) else 0
+    print(to_json(statuses) if args.json else format_table(statuses, args.state_dir))
+    return 1 if failed or any(s.state in ("unknown", "unreadable") for s in statuses) else 0
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -111,6 +114,14 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
     base = args.state_dir or default_base()
     return show_logs(base, args.cluster, args.job, state_dirs(base), args.node, args.component, args.follow)
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from .cluster_state import default_base
+    from .dashboard import resolve, run
+
+    state = resolve(args.target, args.job, args.state_dir or default_base())
+    return run(state, port=args.port, via=args.via)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     s.set_defaults(func=_cmd_run)
 
-    state_dir = {"type": Path, "help": "the state base (default: $ERAY_STATE_BASE or ~/.eray-provider)"}
+    state_dir = {"type": Path, "help": "the state base (default: $ERAY_STATE_DIR or ~/.eray-provider)"}
     s = sub.add_parser(
         "status",
         help="every cluster of yours: jobs, nodes alive, head, time left, what is wrong",
@@ -187,6 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--follow", action="store_true", help="follow one live node's logs until its job ends")
     s.add_argument("--state-dir", **state_dir)
     s.set_defaults(func=_cmd_logs)
+
+    s = sub.add_parser(
+        "dashboard",
+        help="the head's dashboard on a local port, with a link that logs the browser in",
+        description="Forward 127.0.0.1:PORT here to the head's dashboard (directly, or through an "
+        "srun step on the head where this machine cannot route to the nodes) until the cluster "
+        "ends or Ctrl-C. The printed link sets the cluster's token as Ray's cookie.",
+    )
+    s.add_argument("target", metavar="CONFIG_OR_CLUSTER", help="a cluster YAML or a cluster name")
+    s.add_argument("--job", help="which job's cluster of that name (default: the YAML's, or the newest)")
+    s.add_argument("--port", type=int, default=8265, help="local port (default 8265; 0: any free port)")
+    s.add_argument("--via", default="auto", help="auto (default), direct or srun")
+    s.add_argument("--state-dir", **state_dir)
+    s.set_defaults(func=_cmd_dashboard)
     return p
 
 

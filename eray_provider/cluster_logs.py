@@ -5,7 +5,8 @@ they are read there, also after ``ray down`` and after the job. A node whose Ray
 runs is read where its logs are, on the node's local disk: ``python -m
 eray_provider.node_logs`` runs there as a step of the node's job (``srun --overlap``,
 named as a step of the cluster, so a teardown ends it), printing or following (``tail
--F``) the files. ``--follow`` ends with the node's job, or on Ctrl-C.
+-F``) the files. ``--follow`` ends with the node's Ray, or on Ctrl-C; the step never
+outlives this command.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 from .cluster_state import ClusterState
 from .names import check_cluster_name, step_name
 from .node_logs import DEFAULT_COMPONENTS, check_components, collected, show
-from .srun import clean_env, srun_argv
+from .process_identity import parse_identity
+from .slurm_cli import slurm_timeout
+from .srun import clean_env, srun_argv, stop_foreground_step
 
 #: Seconds a live node may take to print its logs (``--follow`` has no limit but the job).
 LIVE_READ_TIMEOUT = 120.0
@@ -98,19 +101,27 @@ def pick(nodes: list[NodeLogs], node: str | None) -> list[NodeLogs]:
     return chosen
 
 
+class Interrupted(Exception):
+    """Ctrl-C while a node's logs were read: the step was ended, nothing more is read."""
+
+
 def _live(state: ClusterState, n: NodeLogs, components: list[str], follow: bool) -> int:
+    """Print (or follow) a live node's logs through a step of its job; the step ends with
+    this, also on Ctrl-C or the timeout (``stop_foreground_step``)."""
     python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
     command = [python, "-m", "eray_provider.node_logs", n.path, "--title", n.title]
-    command += [f"--component={c}" for c in components] + (["--follow"] if follow else [])
-    argv = srun_argv(n.slurm_job, [n.slurm_node], command, name=step_name(state.cluster_name, "logs"))
+    command += [f"--component={c}" for c in components]
+    if follow:
+        command.append("--follow")
+        pid = parse_identity(state.read_marker(n.node_id, "pid"))
+        if pid is not None:
+            command.append(f"--pid={pid[0]}")  # tail ends with the node's Ray
+    name = step_name(state.cluster_name, f"logs.{os.getpid()}")
+    argv = srun_argv(n.slurm_job, [n.slurm_node], command, name=name, immediate=slurm_timeout())
     sys.stdout.flush()
+    proc = subprocess.Popen(argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        return subprocess.run(
-            argv,
-            env=clean_env(os.environ),
-            stdin=subprocess.DEVNULL,
-            timeout=None if follow else LIVE_READ_TIMEOUT,
-        ).returncode
+        return proc.wait(timeout=None if follow else LIVE_READ_TIMEOUT)
     except subprocess.TimeoutExpired:
         print(
             f"eray-provider: reading the logs of {n.title} took over {LIVE_READ_TIMEOUT:.0f} s",
@@ -118,7 +129,9 @@ def _live(state: ClusterState, n: NodeLogs, components: list[str], follow: bool)
         )
         return 1
     except KeyboardInterrupt:
-        return 130  # srun got the same SIGINT and ends its step
+        raise Interrupted from None
+    finally:
+        stop_foreground_step(proc, n.slurm_job, name)
 
 
 def show_logs(
@@ -145,11 +158,20 @@ def show_logs(
                 "--follow follows one live node: name it with --node (live: "
                 f"{', '.join(n.node_id for n in live) or 'none'})"
             )
-        return _live(state, live[0], components, follow=True)
+        try:
+            return _live(state, live[0], components, follow=True)
+        except Interrupted:
+            return 130
     status = 0
-    for n in chosen:
-        if n.live:
-            status = max(status, _live(state, n, components, follow=False))
-        elif show(Path(n.path), components, n.title) == 0:
-            print(f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected", file=sys.stderr)
+    try:
+        for n in chosen:
+            if n.live:
+                status = max(status, _live(state, n, components, follow=False))
+            elif show(Path(n.path), components, n.title) == 0:
+                print(
+                    f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected",
+                    file=sys.stderr,
+                )
+    except (Interrupted, KeyboardInterrupt):
+        return 130
     return status

@@ -52,6 +52,23 @@ def default_base() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".eray-provider")
 
 
+def remove_state_dir(path: Path) -> None:
+    """Delete a cluster's state dir but the node logs collected into it (``node_logs``),
+    which outlive the cluster until ``eray-provider status --prune``; the dir itself goes
+    when there are none."""
+    logs = path / LOGS_DIR
+    if logs.is_dir() and not logs.is_symlink() and any(logs.iterdir()):
+        for entry in path.iterdir():
+            if entry.name == LOGS_DIR:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
     """Atomic write of a file only the owner can read."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -125,8 +142,12 @@ class ClusterState:
             self._cache = None
             yield
 
-    def create(self) -> None:
-        """Create the directory tree, a fresh token and empty state (idempotent)."""
+    def create(self, slurm_cluster: str | None = None) -> None:
+        """Create the directory tree, a fresh token and empty state (idempotent).
+
+        ``slurm_cluster``: the SLURM cluster the job is of, recorded in a new state: job
+        ids of two SLURM clusters that share a HOME are unrelated (``eray-provider
+        status`` judges a cluster by its own controller's answer only)."""
         ensure_private_dir(self.base)
         ensure_private_dir(self.dir)
         for sub in (self.home, self.logs, self.node_dir):
@@ -134,23 +155,14 @@ class ClusterState:
         if not self.token_path.exists():
             _write_private(self.token_path, secrets.token_hex(32))
         if not self.state_path.exists():
-            self.write({"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}})
+            doc: dict[str, Any] = {"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}}
+            if slurm_cluster:
+                doc["slurm_cluster"] = slurm_cluster
+            self.write(doc)
 
     def remove(self) -> None:
-        """Delete the cluster's state: all of its dir but the node logs collected into it
-        (``node_logs``), which outlive the cluster until ``eray-provider status --prune``;
-        the dir itself goes when there are none."""
-        logs = self.dir / LOGS_DIR
-        if logs.is_dir() and not logs.is_symlink() and any(logs.iterdir()):
-            for entry in self.dir.iterdir():
-                if entry.name == LOGS_DIR:
-                    continue
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        """Delete the cluster's state (``remove_state_dir``)."""
+        remove_state_dir(self.dir)
         self._cache = None
         self._lock = None
 

@@ -10,8 +10,11 @@ Cluster states, in the order they are decided:
 
 - ``down``: torn down; only the node logs collected at its end are left (removed by
   ``--prune`` once its job has ended)
+- ``elsewhere``: the cluster is of another SLURM cluster (a HOME shared by two): only
+  its own controller can say anything of its job
 - ``unknown``: squeue did not answer
-- ``ended``: SLURM says the head's job is over (or no longer lists it)
+- ``ended``: SLURM says the head's job is over (a final state, or no longer listed)
+- ``ending``: the job is over but not final yet (COMPLETING, held, requeued, stopped)
 - ``stopping``: ``ray down`` began and has not finished
 - ``pending``: the head's job waits in the queue (an elastic cluster from a login node)
 - ``head-gone``: the job runs, the head's Ray does not (exited, or no head recorded)
@@ -26,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .names import parse_worker_job_name
 from .ports import PortPlan
-from .sbatch import JobInfo
+from .sbatch import TERMINAL_STATES, JobInfo
 
 
 @dataclass(frozen=True)
@@ -72,14 +76,34 @@ class ClusterStatus:
         return asdict(self)
 
 
+def job_over(job_id: str, jobs: Mapping[str, JobInfo]) -> bool:
+    """SLURM says the job will not run again: listed in a final state, or no longer listed
+    (squeue lists every pending and running job of the user)."""
+    job = jobs.get(job_id)
+    return job is None or job.state in TERMINAL_STATES
+
+
 def down_status(
-    name: str, job_id: str, state_dir: str, logs: list[str], jobs: Mapping[str, JobInfo] | None
+    name: str,
+    job_id: str,
+    state_dir: str,
+    logs: list[str],
+    jobs: Mapping[str, JobInfo] | None,
+    same_cluster: bool,
 ) -> ClusterStatus:
-    """A cluster torn down, whose collected node logs are all that is left of it."""
+    """A cluster torn down, whose collected node logs are all that is left of it;
+    ``same_cluster``: its logs say it ran on this SLURM cluster (or say nothing)."""
     job = jobs.get(job_id) if jobs is not None else None
     st = ClusterStatus(name=name, job_id=job_id, kind="-", state="down", state_dir=state_dir, logs=logs)
     st.slurm_state = job.state if job else ""
-    st.prunable = jobs is not None and (job is None or not job.live)
+    st.prunable = jobs is not None and same_cluster and job_over(job_id, jobs)
+    return st
+
+
+def unreadable_status(name: str, job_id: str, state_dir: str, error: str) -> ClusterStatus:
+    """A state dir that could not be read: shown, never pruned."""
+    st = ClusterStatus(name=name, job_id=job_id, kind="-", state="unreadable", state_dir=state_dir)
+    st.problems.append(f"{state_dir} could not be read: {error}")
     return st
 
 
@@ -97,6 +121,7 @@ def summarize(
     logs: list[str] | None = None,
     squeue_error: str = "",
     gcs_error: str = "",
+    slurm_cluster: str | None = None,
 ) -> ClusterStatus:
     """One cluster's status.
 
@@ -106,7 +131,7 @@ def summarize(
     its ``cluster.json`` ({} when there is none), ``jobs`` the user's jobs by id as squeue
     listed them (None: squeue failed, ``squeue_error`` says how), ``alive`` node id ->
     address of the nodes the head's GCS lists alive (None: not asked, or no answer, as
-    ``gcs_error`` says)."""
+    ``gcs_error`` says); ``slurm_cluster`` the SLURM cluster squeue answered for."""
     job_id = str(doc["job_id"])
     st = ClusterStatus(
         name=str(doc["cluster_name"]),
@@ -131,6 +156,9 @@ def summarize(
         st.head_address = f"{ips[head]}:{plan.gcs}"
         st.dashboard = f"{ips[head]}:{plan.dashboard}"
 
+    recorded = doc.get("slurm_cluster")
+    if recorded and slurm_cluster and recorded != slurm_cluster:
+        jobs = None  # another controller's job ids: this squeue says nothing of them
     job_ended = jobs is not None and (head_job is None or not head_job.live)
     for node_id, rec in records.items():
         st.nodes.append(_node(node_id, rec, job_id, exits, jobs, alive, job_ended))
@@ -138,15 +166,30 @@ def summarize(
     if alive is not None:
         st.alive = sum(1 for n in st.nodes if n.state == "alive")
 
-    if jobs is None:
+    if recorded and slurm_cluster and recorded != slurm_cluster:
+        st.state = "elsewhere"
+        st.problems.append(f"a cluster of SLURM cluster {recorded!r}: run `eray-provider status` there")
+    elif jobs is None:
         st.state = "unknown"
         st.problems.append(f"squeue did not answer, so nothing is known of job {job_id}: {squeue_error}")
+    elif job_ended and not job_over(job_id, jobs):
+        st.state = "ending"
+        assert head_job is not None
+        st.problems.append(f"job {job_id} is {head_job.state}: not over yet")
     elif job_ended:
-        st.state, st.prunable = "ended", True
+        st.state = "ended"
         how = f"is {head_job.state}" if head_job is not None else "is no longer listed by squeue"
-        st.problems.append(
-            f"job {job_id} {how}: the cluster is gone (`eray-provider status --prune` removes it)"
-        )
+        workers = _live_worker_jobs(st.name, job_id, records, jobs)
+        if workers:
+            st.problems.append(
+                f"job {job_id} {how}, but its worker job(s) {', '.join(workers)} still run: "
+                f"`ray down` of the cluster's YAML (or scancel) ends them"
+            )
+        else:
+            st.prunable = True
+            st.problems.append(
+                f"job {job_id} {how}: the cluster is gone (`eray-provider status --prune` removes it)"
+            )
     elif doc.get("stopping"):
         st.state = "stopping"
         st.problems.append("`ray down` began and did not finish: run it again")
@@ -200,3 +243,18 @@ def _node(
     if alive is None or job_ended:
         return node("unknown")
     return node("alive" if node_id in alive else "not-in-ray")
+
+
+def _live_worker_jobs(
+    cluster: str, head_job: str, records: Mapping[str, Mapping[str, Any]], jobs: Mapping[str, JobInfo]
+) -> list[str]:
+    """An elastic cluster's worker jobs squeue still lists live: those recorded, and any
+    named as this head's (submitted, not yet recorded)."""
+    recorded = {str(r["slurm_job"]) for r in records.values() if r.get("slurm_job")}
+    live = {
+        j.job_id
+        for j in jobs.values()
+        if j.live
+        and (j.job_id in recorded or (parse_worker_job_name(j.name, cluster) or ("",))[0] == head_job)
+    }
+    return sorted(live, key=int)

@@ -159,10 +159,10 @@ class SrunCommandRunner(CommandRunnerInterface):
     ) -> bytes | str:
         if port_forward:
             cli_logger.abort(
-                "Port forwarding is not available over srun. The dashboard listens on the "
-                "head's address; from the login node use `ssh -L <port>:<head ip>:<port> "
-                "<head node>` where ssh to compute nodes is allowed, or `eray-provider inspect` "
-                "for the port."
+                "Port forwarding is not available over srun: run `eray-provider dashboard "
+                "<cluster yaml>`, which forwards a local port to the head's dashboard (through "
+                "an srun step where this machine cannot reach the nodes) and prints a link that "
+                "logs the browser in."
             )
         cmd = cmd or "bash -l"
         if LAUNCH_HEAD in cmd:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import time
 from typing import Any
 
@@ -38,7 +37,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
-from .cluster_state import ClusterState, ensure_private_dir
+from .cluster_state import ClusterState, ensure_private_dir, remove_state_dir
 from .config_cache import cache_path
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
@@ -48,6 +47,7 @@ from .provider import Answers, SlurmNodeProvider
 from .ray_compat import cli_logger, require_supported_ray
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
 from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_timeout
+from .slurm_cli import cluster_name as slurm_cluster_name
 from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
@@ -77,6 +77,7 @@ def _parse_node_id(node_id: str) -> tuple[str, int] | None:
 class SlurmJobProvider(SlurmNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         self._jobs_cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
+        self._pending_said: dict[str, str] = {}
         self._workers: Memo[dict[str, tuple[JobInfo, str]]] = Memo()
         self._elastic_live = LiveView()
         if provider_config.get("job_id"):
@@ -152,11 +153,24 @@ class SlurmJobProvider(SlurmNodeProvider):
                     raise  # no list yet: an empty one would make every worker look ended
                 logger.warning("squeue failed, keeping the last job list: %s", e)
             self._jobs_cache = (time.monotonic(), jobs)
+            self._report_pending(jobs)
             try:
                 self._report_stuck(jobs)
             except SlurmCommandError as e:
                 logger.warning("could not give up on stuck jobs: %s", e)
         return jobs
+
+    def _report_pending(self, jobs: dict[str, JobInfo]) -> None:
+        """Log each of this head's worker jobs that waits in the queue, with SLURM's reason,
+        once per reason (in the head's monitor.log; ``eray-provider status`` shows them too)."""
+        said = {}
+        for job in jobs.values():
+            parsed = parse_worker_job_name(job.name, self.cluster_name)
+            if job.state == "PENDING" and parsed and parsed[0] == self.job_id:
+                said[job.job_id] = job.reason
+                if self._pending_said.get(job.job_id) != job.reason:
+                    logger.info("worker job %s (%s) is pending: %s", job.job_id, parsed[1], job.reason)
+        self._pending_said = said
 
     def _report_stuck(self, jobs: dict[str, JobInfo]) -> None:
         """Give up on worker jobs that wait for what will not change (a held job, a time
@@ -420,7 +434,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         self._check_refused(node_type)
-        self.state.create()
+        self.state.create(slurm_cluster=None if self.state.exists() else slurm_cluster_name(os.environ))
         env = node_env(self.state, "worker", {}, {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type})
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
         submitted: list[tuple[str, float]] = []
@@ -515,7 +529,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         cancel_jobs(doomed)
         for head, gone in gone_heads.items():
             if gone:
-                shutil.rmtree(self.state.base / f"{self.cluster_name}-{head}", ignore_errors=True)
+                remove_state_dir(self.state.base / f"{self.cluster_name}-{head}")
                 self._head_log(head).unlink(missing_ok=True)
         if self.job_id != NO_JOB and self.state.exists():
             SlurmNodeProvider.stop_all(self)

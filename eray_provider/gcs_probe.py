@@ -4,7 +4,8 @@
 instance id (the provider's node id) and address.
 
 ``python -m eray_provider.gcs_probe HOST:PORT --wait --timeout S`` waits until every
-node id given on standard input, one a line, is alive (``RAY_CLOUD_INSTANCE_ID``, which
+node id given on standard input, one a line, is alive (printing ``joined ID`` as each
+one joins) (``RAY_CLOUD_INSTANCE_ID``, which
 ``node_run`` sets on every node; not arguments, which 10,000 ids would overflow). It
 waits for the GCS port, then asks every ``POLL_SECONDS`` over one client; exit 0 when
 all are alive, 1 (naming the missing ones) after ``S`` seconds. A start waits through
@@ -47,11 +48,16 @@ def wait(address: str, ids: list[str], timeout: float) -> int:
 
     client = GcsClient(address=address)
     alive: dict[str, str] = {}
+    told: set[str] = set()
     while True:
         try:
             alive = _alive(client)
         except Exception:
             alive = {}
+        for i in ids:
+            if i in alive and i not in told:
+                told.add(i)
+                print(f"joined {i}", flush=True)
         missing = [i for i in ids if i not in alive]
         if not missing:
             print(" ".join(alive[i] for i in ids), flush=True)

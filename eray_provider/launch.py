@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -23,6 +25,7 @@ from .allocation import Allocation
 from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
 from .hostlist import compress
+from .join_progress import JoinProgress
 from .names import is_cluster_step, step_name
 from .port_probe import (
     NodeReport,
@@ -304,12 +307,14 @@ def watch_alive(
     timeout: float,
     failed: Callable[[], str | None] = lambda: None,
     stopped: Callable[[], bool] = lambda: False,
+    on_poll: Callable[[list[str]], None] = lambda joined: None,
 ) -> list[str]:
     """Wait until the GCS at ``address`` lists every node of ``node_ids`` alive; returns
     those still missing after ``timeout`` (or when ``stopped()``), [] when all are alive.
     ``failed()`` is asked meanwhile and ends the wait with ``LaunchError`` (a node that
-    exited). One watcher process does the polling (``gcs_probe --wait``): a Python and
-    Ray client started once, not once per poll, on machines busy starting Ray."""
+    exited); ``on_poll`` gets the ids that joined since its last call, on every poll.
+    One watcher process does the polling (``gcs_probe --wait``): a Python and Ray client
+    started once, not once per poll, on machines busy starting Ray."""
     env = dict(os.environ, **cluster_env(state))
     env.pop("RAY_ADDRESS", None)
     limit = max(timeout, 1.0)
@@ -321,20 +326,41 @@ def watch_alive(
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    lines: list[str] = []
+    joined: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("joined "):
+                joined.put(line.split()[1])
+
+    def drain() -> list[str]:
+        out = []
+        while not joined.empty():
+            out.append(joined.get())
+        return out
+
+    reader = threading.Thread(target=read, daemon=True)
     try:
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
         proc.stdin.write("\n".join(node_ids) + "\n")
         proc.stdin.close()
+        reader.start()
         deadline = time.monotonic() + limit + 30  # the watcher's own deadline, and a margin
         while proc.poll() is None:
             if reason := failed():
                 raise LaunchError(reason)
             if stopped() or time.monotonic() > deadline:
                 return list(node_ids)
+            on_poll(drain())
             time.sleep(0.25)
+        reader.join(timeout=5)
+        on_poll(drain())
         if proc.returncode == 0:
             return []
-        out = proc.stdout.read()
+        out = "".join(lines)
         missing = out.rpartition(": ")[2].split() if "not alive" in out else []
         return [i for i in node_ids if i in missing] or list(node_ids)
     finally:
@@ -472,10 +498,18 @@ def _remove_temp_dirs(state: ClusterState) -> None:
 
 
 def wait_joined(
-    state: ClusterState, address: str, node_ids: Sequence[str], timeout: float, stopped=lambda: False
+    state: ClusterState,
+    address: str,
+    node_ids: Sequence[str],
+    timeout: float,
+    stopped=lambda: False,
+    say: Callable[[str], None] | None = None,
+    already: int = 0,
 ) -> None:
     """Until the GCS lists every node of ``node_ids`` alive. Raises ``LaunchError`` when one
-    of them exited, ``TimeoutError`` naming the SLURM nodes missing after ``timeout``."""
+    of them exited, ``TimeoutError`` naming the SLURM nodes missing after ``timeout``.
+    ``say``: where the progress goes (``join_progress``), ``already`` nodes counted alive
+    besides these (the head, when the workers are waited for)."""
 
     def failed() -> str | None:
         markers = state.markers()
@@ -486,7 +520,19 @@ def wait_joined(
         ended = [i for i in node_ids if records.get(i, {}).get("terminated")]
         return f"node(s) {ended} were terminated while joining" if ended else None
 
-    missing = watch_alive(state, address, node_ids, timeout, failed, stopped)
+    progress = None
+    if say is not None:
+        records = state.read()["nodes"]
+        progress = JoinProgress(
+            node_ids,
+            {i: records[i].get("slurm_node", i) for i in node_ids if i in records},
+            state.markers,
+            lambda i: state.read_marker(i, "exit"),
+            say,
+            already=already,
+        )
+    on_poll = progress.joined if progress is not None else lambda joined: None
+    missing = watch_alive(state, address, node_ids, timeout, failed, stopped, on_poll)
     if missing:
         records = state.read()["nodes"]
         names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)

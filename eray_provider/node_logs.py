@@ -10,7 +10,8 @@ one dir per node and Ray session::
     <state dir>/ray-logs/<node id>/<session>/   the files, as under Ray's logs dir
     <state dir>/ray-logs/<node id>/<session>/node.json   what was kept, and of which node
 
-At most ``provider.collect_logs_mb`` MiB a node (0: nothing is collected), the files that
+At most ``provider.collect_logs_mb`` MiB (and ``MAX_FILES`` files) a node (0: nothing is
+collected), the files that
 explain a node's end first (raylet, GCS, autoscaler, dashboard), then workers' logs,
 newest first. A file over a quarter of the cap, or over what is left of it, keeps its
 last bytes, after a line that says how much was left out. The teardown keeps
@@ -28,7 +29,9 @@ import codecs
 import fnmatch
 import json
 import os
+import re
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,8 +42,13 @@ from typing import Any
 #: The name of the dir of collected logs inside a cluster's state dir.
 LOGS_DIR = "ray-logs"
 #: Default of ``provider.collect_logs_mb``, and its largest value.
-DEFAULT_CAP_MB = 50
+DEFAULT_CAP_MB = 20
 MAX_CAP_MB = 10240
+#: At most this many files a node (a node's many small worker logs: inodes on HOME).
+MAX_FILES = 400
+#: Sessions kept of one node id (``ray up`` after ``ray down`` in one job reuses ids).
+KEEP_SESSIONS = 3
+_SESSION = re.compile(r"session_[A-Za-z0-9_.-]+")
 #: A file is not cut to fewer bytes than this: below it, the file is left out.
 MIN_TAIL_BYTES = 4096
 
@@ -65,14 +73,17 @@ def logs_root(state_dir: Path) -> Path:
 
 def session_logs(ray_temp_dir: str | Path) -> tuple[str, Path] | None:
     """(session name, logs dir) of the newest Ray session under ``ray_temp_dir`` (Ray's
-    ``--temp-dir``), from its ``session_latest`` link; None when Ray made none."""
+    ``--temp-dir``), from its ``session_latest`` link; None when Ray made none (or the
+    link names no ``session_*`` dir of it)."""
     latest = Path(ray_temp_dir) / "session_latest"
     try:
         session = Path(os.readlink(latest)).name
     except OSError:
         return None
+    if not _SESSION.fullmatch(session):
+        return None
     logs = Path(ray_temp_dir) / session / "logs"
-    return (session, logs) if logs.is_dir() else None
+    return (session, logs) if logs.is_dir() and not logs.is_symlink() else None
 
 
 def component_of(name: str) -> str | None:
@@ -109,12 +120,14 @@ def _files(root: Path) -> list[tuple[str, int, float]]:
     return out
 
 
-def plan_collection(files: Iterable[tuple[str, int, float]], cap_bytes: int) -> list[tuple[str, int]]:
+def plan_collection(
+    files: Iterable[tuple[str, int, float]], cap_bytes: int, max_files: int = MAX_FILES
+) -> list[tuple[str, int]]:
     """Which files to keep and how many of their last bytes: pure.
 
     In order of what explains a node's end, newest first within a rank; each file gets
     at most a quarter of the cap and what is left of it, and is left out (not listed)
-    rather than cut below ``MIN_TAIL_BYTES``."""
+    rather than cut below ``MIN_TAIL_BYTES``; at most ``max_files`` files."""
     per_file = max(cap_bytes // 4, MIN_TAIL_BYTES)
     left = cap_bytes
     keep = []
@@ -124,20 +137,46 @@ def plan_collection(files: Iterable[tuple[str, int, float]], cap_bytes: int) -> 
             continue
         keep.append((rel, take))
         left -= take
+        if len(keep) == max_files:
+            break
     return keep
 
 
-def _copy_tail(src: Path, dst: Path, size: int, take: int) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, "rb") as f, open(dst, "wb") as out:
-        if take < size:
+def open_regular(path: Path) -> int:
+    """A read-only fd of a regular file, never through a link, never blocking on a FIFO
+    put in its place: OSError for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
+def _copy_tail(src: Path, dst: Path, take: int) -> bool:
+    """Copy the last ``take`` bytes of ``src`` (whole lines, after a header when cut);
+    returns whether it was cut."""
+    dst.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with os.fdopen(open_regular(src), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        out_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(out_fd, "wb") as out:
+            if take >= size:
+                out.write(f.read(take))  # what it held when planned: never more than planned
+                return False
             f.seek(size - take)
             chunk = f.read(take)
             cut = chunk.find(b"\n") + 1  # start at a whole line
             out.write(f"[eray-provider: the first {size - take + cut} bytes left out]\n".encode())
             out.write(chunk[cut:])
-        else:
-            shutil.copyfileobj(f, out)
+            return True
+
+
+def _write_meta(dest: Path, doc: Mapping[str, Any]) -> None:
+    tmp = dest / f".node.json.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, dest / "node.json")
 
 
 def collect(
@@ -146,45 +185,54 @@ def collect(
     """Copy the newest session's logs of this node into the state dir; returns where.
 
     None when there was nothing to collect. Never creates the state dir: a cluster whose
-    state was removed gets nothing back. Written under a temporary name and renamed, so
-    a reader sees all of a node's logs or none."""
+    state was removed gets nothing back. ``node.json`` is written first (``complete``:
+    false) and again at the end, and the files are copied in order of what matters, so a
+    collection cut short by SIGKILL keeps what it had copied, and says so. Of each node,
+    the newest ``KEEP_SESSIONS`` sessions are kept."""
     found = session_logs(ray_temp_dir)
     if found is None or cap_bytes <= 0:
         return None
     session, src = found
     root = logs_root(state_dir)
-    root.mkdir(mode=0o700, exist_ok=True)  # no parents: FileNotFoundError if the state is gone
-    (root / node_id).mkdir(mode=0o700, exist_ok=True)
+    _private_dir(root)  # no parents: FileNotFoundError if the state is gone
+    _private_dir(root / node_id)
     dest = root / node_id / session
-    tmp = root / node_id / f".{session}.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)  # a session collected twice: the later copy
+    _private_dir(dest)
     files = _files(src)
-    sizes = {rel: size for rel, size, _ in files}
     keep = plan_collection(files, cap_bytes)
-    kept, cut = [], []
-    for rel, take in keep:
-        try:
-            _copy_tail(src / rel, tmp / rel, sizes[rel], take)
-        except OSError:
-            continue  # a file Ray removed meanwhile
-        kept.append(rel)
-        if take < sizes[rel]:
-            cut.append(rel)
-    doc = dict(
+    doc: dict[str, Any] = dict(
         meta,
         node_id=node_id,
         session=session,
         collected_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         cap_bytes=cap_bytes,
-        files=kept,
-        cut=cut,
-        left_out=sorted(set(sizes) - set(kept)),
+        complete=False,
+        files=[rel for rel, _ in keep],
     )
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "node.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)  # a session collected twice: the later copy
-    os.rename(tmp, dest)
+    _write_meta(dest, doc)
+    kept, cut = [], []
+    for rel, take in keep:
+        try:
+            if _copy_tail(src / rel, dest / rel, take):
+                cut.append(rel)
+        except OSError:
+            continue  # a file Ray removed meanwhile, or no regular file
+        kept.append(rel)
+    doc.update(complete=True, files=kept, cut=cut, left_out=sorted({f[0] for f in files} - set(kept)))
+    _write_meta(dest, doc)
+    for old in sorted(p for p in (root / node_id).iterdir() if _SESSION.fullmatch(p.name))[:-KEEP_SESSIONS]:
+        shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def _private_dir(path: Path) -> None:
+    """``path`` as a dir of ours, mode 0700, made without parents; not a link."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        if path.is_symlink() or not path.is_dir():
+            raise OSError(f"{path} is not a directory of ours") from None
 
 
 @dataclass(frozen=True)
@@ -205,7 +253,7 @@ def collected(state_dir: Path) -> list[Collected]:
         if node_dir.is_symlink() or not node_dir.is_dir():
             continue
         for sess in sorted(node_dir.iterdir()):
-            if sess.name.startswith(".") or sess.is_symlink():
+            if not _SESSION.fullmatch(sess.name) or sess.is_symlink():
                 continue
             try:
                 meta = json.loads((sess / "node.json").read_text())
@@ -213,11 +261,6 @@ def collected(state_dir: Path) -> list[Collected]:
                 continue
             out.append(Collected(node_dir.name, sess.name, sess, meta))
     return out
-
-
-def collected_nodes(state_dir: Path) -> list[str]:
-    """The ids of the nodes whose logs were collected into ``state_dir``."""
-    return sorted({c.node_id for c in collected(state_dir)})
 
 
 def select(files: Iterable[str], components: Sequence[str]) -> list[str]:
@@ -241,7 +284,12 @@ def show(root: Path, components: Sequence[str], title: str, out=None) -> int:
     for rel in files:
         out.write(f"==> {title}: {rel} <==\n")
         decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-        with open(root / rel, "rb") as f:
+        try:
+            f = os.fdopen(open_regular(root / rel), "rb")
+        except OSError as e:
+            out.write(f"[eray-provider: not shown: {e}]\n")
+            continue
+        with f:
             while chunk := f.read(1 << 20):
                 out.write(decode(chunk))
         out.write(decode(b"", final=True) + "\n")
@@ -258,6 +306,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--title", default="")
     ap.add_argument("--component", action="append", default=[])
     ap.add_argument("--follow", action="store_true")
+    ap.add_argument("--pid", type=int, help="with --follow: end when this process ends")
     args = ap.parse_args(argv)
     components = check_components(args.component) or list(DEFAULT_COMPONENTS)
     found = session_logs(ray_temp_dir(args.private_dir))
@@ -271,7 +320,8 @@ def main(argv: list[str]) -> int:
             print(f"no {'/'.join(components)} logs under {root}", file=sys.stderr)
             return 1
         sys.stdout.flush()
-        os.execvp("tail", ["tail", "-n", "+1", "-F", *files])
+        pid = [f"--pid={args.pid}"] if args.pid else []
+        os.execvp("tail", ["tail", "-n", "+1", "-F", *pid, *files])
     show(root, components, args.title or str(root))
     return 0
 

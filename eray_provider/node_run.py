@@ -221,7 +221,17 @@ def _collect_logs(
     Best effort, and it never fails the node: a cluster torn down meanwhile (its state
     removed) or a full file system loses only the copy, said on stderr."""
     cap = int(float(provider.get("collect_logs_mb", DEFAULT_CAP_MB)) * 2**20)
-    meta = {"slurm_node": node_name, "slurm_job": own_job or state.job_id, "role": role, "exit_code": code}
+    try:
+        slurm_cluster = state.read().get("slurm_cluster", "")
+    except (OSError, ValueError, RuntimeError):
+        slurm_cluster = ""
+    meta = {
+        "slurm_node": node_name,
+        "slurm_job": own_job or state.job_id,
+        "slurm_cluster": slurm_cluster,
+        "role": role,
+        "exit_code": code,
+    }
     try:
         dest = collect(ray_temp_dir(private), state.dir, node_id, cap, meta)
     except OSError as e:

@@ -49,6 +49,7 @@ from .node_spec import worker_types
 from .process_identity import signal_command
 from .ray_compat import cli_logger, require_supported_ray
 from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
+from .slurm_cli import cluster_name as slurm_cluster_name
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, job_state, list_steps, run_step, srun_argv
 from .views import LiveView, Memo, ReadOnlyTags
@@ -80,6 +81,10 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _say(line: str) -> None:
+    cli_logger.print(f"eray-provider: {line}")
 
 
 class SlurmNodeProvider(NodeProvider):
@@ -348,7 +353,7 @@ class SlurmNodeProvider(NodeProvider):
         if job_state(self.job_id) != "RUNNING":
             raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
         with state.lock(timeout=300):
-            state.create()
+            state.create(slurm_cluster=slurm_cluster_name(os.environ))
             state.check_launchable()
             self._drop_views()  # under the lock: what other processes wrote counts
             live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
@@ -416,7 +421,7 @@ class SlurmNodeProvider(NodeProvider):
             return
         total = len(workers) + 1
         try:
-            wait_joined(self.state, address, workers, WORKERS_JOIN_TIMEOUT)
+            wait_joined(self.state, address, workers, WORKERS_JOIN_TIMEOUT, say=_say, already=1)
             counted = f"{total} of {total} nodes alive"
         except (LaunchError, TimeoutError) as e:
             cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")
@@ -424,7 +429,7 @@ class SlurmNodeProvider(NodeProvider):
             counted = (
                 f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
             )
-        cli_logger.print(f"eray-provider: {counted} (head at {address})")
+        _say(f"{counted} (head at {address})")
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster: its steps only, then temp dirs and state

@@ -20,7 +20,6 @@ import atexit
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any
 
 from .allocation import Allocation, AllocationError
 from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
-from .cluster_state import ClusterState, ensure_private_dir
+from .cluster_state import ClusterState, ensure_private_dir, remove_state_dir
 from .distributed import StepLayout, step_layout
 from .launch import TeardownError, cluster_env, teardown
 from .names import safe_part
@@ -96,7 +95,7 @@ def _remove_leftovers(base: Path, slurm_cluster: str) -> None:
             continue
         if ended:
             for path in paths:
-                shutil.rmtree(path, ignore_errors=True)
+                remove_state_dir(path)
 
 
 def _build(

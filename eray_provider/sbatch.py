@@ -23,6 +23,22 @@ from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, share_resources
 LIVE_STATES = frozenset(
     {"PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "SIGNALING"}
 )
+#: States after which a job never runs again: what it left behind may be removed. Not
+#: among them: COMPLETING (its processes may still run), STOPPED, and the held or
+#: requeued states, after which the same job id runs again.
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    }
+)
 #: Pending reasons after which the job will not start without the user changing something.
 HOPELESS_REASONS = (
     "PartitionNodeLimit",
@@ -214,8 +230,10 @@ class JobInfo:
         return self.state == "PENDING" and self.reason.startswith(HOPELESS_REASONS)
 
 
-#: ``squeue -o`` format matching ``parse_squeue`` (the name last: it may hold '|').
-SQUEUE_FORMAT = "%i|%T|%D|%N|%r|%L|%e|%j"
+#: ``squeue -o`` format matching ``parse_squeue`` (the name last: it may hold '|'). ``%A``,
+#: not ``%i``: an element of a job array is listed by its own job id (``SLURM_JOB_ID``),
+#: not as ``<array job>_<index>``.
+SQUEUE_FORMAT = "%A|%T|%D|%N|%r|%L|%e|%j"
 _UNKNOWN = ("", "(null)", "N/A", "NONE", "INVALID", "Unknown")
 
 

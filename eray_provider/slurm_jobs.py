@@ -7,7 +7,6 @@ the autoscaler's per-round cost does not grow with the number of nodes.
 
 from __future__ import annotations
 
-import getpass
 import os
 import shlex
 import subprocess
@@ -19,12 +18,11 @@ from .sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
 from .slurm_cli import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
 
 
-def user_name() -> str:
-    """The user whose jobs we list (squeue -u): the name, or the uid when there is none."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return str(os.getuid())
+def squeue_user() -> str:
+    """Whose jobs we list (``squeue -u``): this process's uid, which squeue takes as well
+    as a name. Not ``$USER``/``$LOGNAME`` (``getpass``): a wrong one (``sudo -E``, a
+    container) would list another user's jobs, and ours would look ended."""
+    return str(os.getuid())
 
 
 def batch_script(python: str) -> str:
@@ -93,7 +91,7 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
 
 def list_jobs(cluster: str) -> dict[str, JobInfo]:
     """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
-    out = run_slurm(["squeue", "-h", "-u", user_name(), "-o", SQUEUE_FORMAT])
+    out = run_slurm(["squeue", "-h", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
     return {k: v for k, v in parse_squeue(out).items() if is_cluster_job(v.name, cluster)}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,10 +45,12 @@ def srun_argv(
     pty: bool = False,
     input_all: bool = False,
     immediate: float | None = None,
+    unbuffered: bool = False,
 ) -> list[str]:
     """One step with one task on each of ``nodes``; ``immediate``: seconds srun may wait
     for the step to be created (``--immediate``) before it gives up, as ssh's
-    ``ConnectTimeout`` bounds the connection and not the command."""
+    ``ConnectTimeout`` bounds the connection and not the command; ``unbuffered``: the
+    tasks' output as it comes (srun holds it until a newline otherwise)."""
     argv = [
         "srun",
         f"--jobid={job_id}",
@@ -68,6 +71,8 @@ def srun_argv(
         argv.append("--input=all")
     if immediate is not None:
         argv.append(f"--immediate={max(1, round(immediate))}")
+    if unbuffered:
+        argv.append("--unbuffered")
     return [*argv, *command]
 
 
@@ -182,3 +187,26 @@ def _wait_unlisted(step_ids: set[str], job_id: str, timeout: float) -> set[str]:
             break
         time.sleep(0.3)
     return remaining
+
+
+def stop_foreground_step(proc: subprocess.Popen, job_id: str, name: str, wait: float = 10.0) -> None:
+    """End an srun client we started in a session of its own (``start_new_session``, so
+    that the terminal's Ctrl-C reaches us, not it) and the step it holds: SIGTERM (srun
+    passes it to the task), then SIGKILL, then, if the step outlived its client, a
+    scancel of the step named exactly ``name`` (a name with our pid: no other step). A
+    client that ended by itself waited for its step: nothing to do."""
+    if proc.poll() is not None:
+        return
+    for stop in (proc.terminate, proc.kill):
+        if proc.poll() is None:
+            stop()
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+    try:
+        steps = list_steps(job_id) or {}
+        cancel_steps([sid for sid, n in steps.items() if n == name], job_id, wait=wait * 3, grace=0)
+    except SlurmCommandError as e:
+        warning = f"could not check that step {name} of job {job_id} ended: {e}"
+        print(f"eray-provider: warning: {warning}", file=sys.stderr)

@@ -18,14 +18,17 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from filelock import Timeout
+
 from .cluster_state import ClusterState, default_base
-from .cluster_status import ClusterStatus, down_status, summarize
+from .cluster_status import ClusterStatus, down_status, summarize, unreadable_status
 from .launch import gcs_alive
 from .names import check_cluster_name
-from .node_logs import collected_nodes, logs_root
+from .node_logs import collected, logs_root
 from .sbatch import SQUEUE_FORMAT, JobInfo, parse_squeue
 from .slurm_cli import SlurmCommandError, run_slurm
-from .slurm_jobs import user_name
+from .slurm_cli import cluster_name as slurm_cluster_name
+from .slurm_jobs import squeue_user
 
 #: Seconds one head's GCS may take to answer ``status``.
 GCS_TIMEOUT = 20.0
@@ -61,7 +64,7 @@ def state_dirs(base: Path) -> list[tuple[str, str, Path]]:
 
 def list_user_jobs() -> dict[str, JobInfo]:
     """All of the user's jobs squeue still knows, ended ones included (one call)."""
-    out = run_slurm(["squeue", "-h", "-t", "all", "-u", user_name(), "-o", SQUEUE_FORMAT])
+    out = run_slurm(["squeue", "-h", "-t", "all", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
     return parse_squeue(out)
 
 
@@ -92,11 +95,6 @@ def _facts(state: ClusterState) -> dict:
     }
 
 
-def _gcs(state: ClusterState, address: str) -> tuple[dict[str, str] | None, str]:
-    alive = gcs_alive(state, address, timeout=GCS_TIMEOUT)
-    return alive, "" if alive is not None else f"no answer within {GCS_TIMEOUT:.0f} s"
-
-
 def gather(base: Path | None = None) -> list[ClusterStatus]:
     """The status of every cluster under ``base`` (default: the state base)."""
     base = base or default_base()
@@ -107,64 +105,76 @@ def gather(base: Path | None = None) -> list[ClusterStatus]:
         jobs = list_user_jobs() if dirs else {}
     except SlurmCommandError as e:
         jobs, squeue_error = None, str(e)
-    found: list[tuple[ClusterState, dict] | ClusterStatus] = []
-    for name, job, path in dirs:
-        state = ClusterState(name, job, base)
-        if not state.exists():
-            found.append(down_status(name, job, str(path), collected_nodes(path), jobs))
-            continue
-        found.append((state, _facts(state)))
+    here = slurm_cluster_name(os.environ) if dirs else None
 
-    def one(item: tuple[ClusterState, dict] | ClusterStatus) -> ClusterStatus:
-        if isinstance(item, ClusterStatus):
-            return item
-        state, facts = item
-        first = summarize(
-            **facts, jobs=jobs, alive=None, state_dir=str(state.dir), token_file=str(state.token_path)
-        )
-        alive, gcs_error = (None, "")
-        if first.state == "unreachable":  # the job runs and a head is recorded: ask its GCS
-            alive, gcs_error = _gcs(state, first.head_address) if first.head_address else (None, "no address")
-        return summarize(
-            **facts,
-            jobs=jobs,
-            alive=alive,
-            state_dir=str(state.dir),
-            token_file=str(state.token_path),
-            logs=collected_nodes(state.dir),
-            squeue_error=squeue_error,
-            gcs_error=gcs_error,
-        )
+    def one(entry: tuple[str, str, Path]) -> ClusterStatus:
+        name, job, path = entry
+        try:
+            return _one(ClusterState(name, job, base), jobs, squeue_error, here)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            return unreadable_status(name, job, str(path), f"{type(e).__name__}: {e}")
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(one, found))
+        return list(pool.map(one, dirs))
 
 
-def prune(statuses: list[ClusterStatus]) -> list[str]:
-    """Remove the state dirs (node logs included) of the clusters whose job SLURM says has
-    ended; returns the dirs removed. ``PruneError`` when squeue did not answer: nothing is
-    removed on a guess."""
+def _one(
+    state: ClusterState, jobs: dict[str, JobInfo] | None, squeue_error: str, here: str | None
+) -> ClusterStatus:
+    logs = collected(state.dir)
+    if not state.exists():
+        clusters = {c.meta.get("slurm_cluster") for c in logs} - {None, ""}
+        same = not clusters or clusters == {here}
+        nodes = sorted({c.node_id for c in logs})
+        return down_status(state.cluster_name, state.job_id, str(state.dir), nodes, jobs, same)
+    facts = _facts(state)
+    common = dict(
+        facts,
+        jobs=jobs,
+        state_dir=str(state.dir),
+        token_file=str(state.token_path),
+        logs=sorted({c.node_id for c in logs}),
+        squeue_error=squeue_error,
+        slurm_cluster=here,
+    )
+    first = summarize(**common, alive=None)
+    if first.state != "unreachable":
+        return first
+    # the job runs and a head is recorded: ask its GCS
+    alive = gcs_alive(state, first.head_address, timeout=GCS_TIMEOUT) if first.head_address else None
+    error = "" if alive is not None else f"no answer within {GCS_TIMEOUT:.0f} s"
+    return summarize(**common, alive=alive, gcs_error=error if first.head_address else "no address recorded")
+
+
+def prune(statuses: list[ClusterStatus]) -> tuple[list[str], list[str]]:
+    """Remove the state dirs (node logs included) of the clusters whose job SLURM says is
+    over; returns (the dirs removed, what could not be removed and why). ``PruneError``
+    when squeue did not answer: nothing is removed on a guess."""
     if any(s.state == "unknown" for s in statuses):
         raise PruneError("squeue did not answer, so no job is known to have ended: nothing was pruned")
-    removed = []
+    removed, failed = [], []
     for st in statuses:
         if not st.prunable:
             continue
         state = ClusterState(st.name, st.job_id, Path(st.state_dir).parent)
-        with state.lock(timeout=30):
-            shutil.rmtree(state.dir)
+        try:
+            with state.lock(timeout=30):
+                shutil.rmtree(state.dir)
+        except (OSError, RuntimeError, Timeout) as e:
+            failed.append(f"{st.state_dir}: {type(e).__name__}: {e}")
+            continue
         removed.append(st.state_dir)
-    return removed
+    return removed, failed
 
 
 def _cell(value: object) -> str:
     return "-" if value in (None, "") else str(value)
 
 
-def format_table(statuses: list[ClusterStatus]) -> str:
+def format_table(statuses: list[ClusterStatus], base: Path | None = None) -> str:
     """The clusters as a table for people, each followed by its problems."""
     if not statuses:
-        return f"no clusters (state dirs under {default_base()})"
+        return f"no clusters (state dirs under {base or default_base()})"
     rows = [("CLUSTER", "JOB", "KIND", "STATE", "NODES", "HEAD", "TIME LEFT")]
     for st in statuses:
         alive = "?" if st.alive is None else str(st.alive)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ray_cluster_support import VENV_BIN, cluster_pids, node_tmp_entries, wait_gone
+from ray_cluster_support import VENV_BIN, cluster_pids, node_tmp_entries, state_left, wait_gone
 from testbed_support import REPO, Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -73,7 +73,7 @@ def test_two_batch_jobs_share_nodes_and_exit_codes_pass_through(testbed: Testbed
         assert cluster_pids(job, "run") == []
         for node in ("node1", "node2", "node3"):
             assert node_tmp_entries(testbed, node, job) == []
-        assert not (Path.home() / ".eray-provider" / f"run-{job}").exists()
+        assert state_left(Path.home() / ".eray-provider" / f"run-{job}") == []
 
 
 def test_node_that_cannot_join_fails_in_bounded_time(testbed: Testbed, outdir: Path) -> None:
@@ -124,4 +124,4 @@ def test_every_node_form_and_scancel_end_everything(testbed: Testbed, outdir: Pa
     assert wait_gone(job, "run") == []
     for node in ("node1", "node2", "node3"):
         assert node_tmp_entries(testbed, node, job) == []
-    assert not (Path.home() / ".eray-provider" / f"run-{job}").exists(), out.read_text()[-2000:]
+    assert state_left(Path.home() / ".eray-provider" / f"run-{job}") == [], out.read_text()[-2000:]

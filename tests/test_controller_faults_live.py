@@ -162,7 +162,7 @@ def test_eray_provider_run_rides_out_a_flaky_controller(testbed, faults) -> None
     assert len(faults.faulted("squeue")) == 2 and len(faults.faulted("scancel")) == 2, text[-3000:]
     assert len(faults.faulted("scontrol")) == 1
     assert cluster_pids(job, "run") == []
-    assert not (Path.home() / ".eray-provider" / f"run-{job}").exists()
+    assert state_left(Path.home() / ".eray-provider" / f"run-{job}") == []
 
 
 def test_two_elastic_ray_ups_submit_one_head_job(testbed, tmp_path, faults) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray_cluster_support import Cluster
+from ray_cluster_support import Cluster, state_left
 from testbed_support import REPO, Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -142,7 +142,9 @@ def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, t
     finally:
         for other_job in others:
             testbed.cancel(other_job)
-    assert not any(p.name.startswith("elastic-") for p in (Path.home() / ".eray-provider").iterdir())
+    assert not any(
+        p.name.startswith("elastic-") and state_left(p) for p in (Path.home() / ".eray-provider").iterdir()
+    )
 
 
 def test_a_job_slurm_will_not_start_is_cancelled_and_shown_by_ray_status(testbed, tmp_path) -> None:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ray_cluster_support import node_tmp_entries, wait_gone
+from ray_cluster_support import node_tmp_entries, state_left, wait_gone
 from testbed_support import REPO, Testbed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -38,7 +38,7 @@ def test_srun_three_tasks_get_jax_and_a_three_node_ray_cluster(testbed: Testbed,
     tasks = [line.split()[1:] for line in out.splitlines() if line.startswith("TASKS ")]
     assert tasks == [nodes]
     # the cluster is gone with the step: no process, temp dir or state of it is left
-    clusters = [p.name for p in (Path.home() / ".eray-provider").glob(f"step*-{allocation}")]
+    clusters = [p.name for p in (Path.home() / ".eray-provider").glob(f"step*-{allocation}") if state_left(p)]
     assert clusters == []
     assert not leftover.exists()
     assert foreign.exists()

@@ -93,3 +93,29 @@ def test_the_gcs_watch_ends_when_a_node_exits(tmp_path: Path) -> None:
     address = f"127.0.0.1:{_free_port()}"
     with pytest.raises(LaunchError, match=r"n2\.2 exited"):
         watch_alive(state, address, ["n2.2"], timeout=60, failed=lambda: "n2.2 exited")
+
+
+def test_join_progress_says_who_is_missing_and_why() -> None:
+    from eray_provider.join_progress import JoinProgress, progress_line, why_missing
+
+    markers = {"a.tmpdir", "b.tmpdir", "b.ip", "c.tmpdir", "c.exit"}
+    assert why_missing("a", markers, {}) == "setting up"
+    assert why_missing("b", markers, {}) == "Ray starting"
+    assert why_missing("c", markers, {"c": "1"}) == "exited, exit 1"
+    assert why_missing("d", markers, {}) == "step not started"
+    many = [(f"n{i}", "setting up") for i in range(8)]
+    assert progress_line(1, 9, many, named=2) == (
+        "1 of 9 nodes alive; waiting for n0 (setting up), n1 (setting up) and 6 more"
+    )
+    said: list[str] = []
+    progress = JoinProgress(
+        ["a", "b", "d"], {"a": "node2", "b": "node3"}, lambda: markers, lambda i: None, said.append, already=1
+    )
+    progress.joined([])
+    progress.joined([])  # nothing changed, too soon: not said again
+    progress.joined(["b", "x"])  # an id it does not wait for is not counted
+    progress.joined(["a", "d"])  # all joined: the caller says the end
+    assert said == [
+        "1 of 4 nodes alive; waiting for node2 (setting up), node3 (Ray starting), d (step not started)",
+        "2 of 4 nodes alive; waiting for node2 (setting up), d (step not started)",
+    ]

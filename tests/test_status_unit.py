@@ -17,10 +17,11 @@ from eray_provider.cluster_logs import find_cluster, node_logs, pick
 from eray_provider.cluster_state import ClusterState
 from eray_provider.cluster_status import down_status, summarize
 from eray_provider.node_logs import (
+    DEFAULT_CAP_MB,
+    KEEP_SESSIONS,
     MIN_TAIL_BYTES,
     collect,
     collected,
-    collected_nodes,
     plan_collection,
     select,
 )
@@ -128,9 +129,36 @@ def test_an_elastic_cluster_shows_its_worker_jobs() -> None:
 
 
 def test_down_clusters_are_prunable_once_their_job_ended() -> None:
-    assert down_status("c", "77", "/s", ["n1.1"], {}).prunable
-    assert not down_status("c", "77", "/s", ["n1.1"], {"77": _job("77")}).prunable
-    assert not down_status("c", "77", "/s", ["n1.1"], None).prunable
+    assert down_status("c", "77", "/s", ["n1.1"], {}, True).prunable
+    assert down_status("c", "77", "/s", ["n1.1"], {"77": _job("77", "TIMEOUT")}, True).prunable
+    assert not down_status("c", "77", "/s", ["n1.1"], {"77": _job("77")}, True).prunable
+    assert not down_status("c", "77", "/s", ["n1.1"], {"77": _job("77", "COMPLETING")}, True).prunable
+    assert not down_status("c", "77", "/s", ["n1.1"], None, True).prunable
+    assert not down_status("c", "77", "/s", ["n1.1"], {}, False).prunable  # another SLURM cluster's
+
+
+def test_a_job_not_over_yet_is_never_pruned() -> None:
+    for state in ("COMPLETING", "STOPPED", "REQUEUE_HOLD", "SPECIAL_EXIT"):
+        st = _summarize(jobs={"77": _job("77", state)})
+        assert st.state == "ending" and not st.prunable and state in st.problems[0], state
+
+
+def test_an_ended_head_with_worker_jobs_still_running_is_kept() -> None:
+    doc = _doc(("n1.1", "head", {"slurm_node": "n1"}), ("j80-0", "worker", {"slurm_job": "80"}))
+    unrecorded = JobInfo("81", "PENDING", "eray.c.77.cpu", "", "Priority", 1)
+    st = _summarize(doc=doc, jobs={"80": _job("80"), "81": unrecorded}, provider={"elastic": True})
+    assert st.state == "ended" and not st.prunable
+    assert "worker job(s) 80, 81 still run" in st.problems[0]
+    ended = _summarize(doc=doc, jobs={"80": _job("80", "CANCELLED")}, provider={"elastic": True})
+    assert ended.state == "ended" and ended.prunable
+
+
+def test_a_cluster_of_another_slurm_cluster_is_left_alone() -> None:
+    doc = dict(FIXED, slurm_cluster="other")
+    st = _summarize(doc=doc, jobs={}, slurm_cluster="here")
+    assert st.state == "elsewhere" and not st.prunable and "'other'" in st.problems[0]
+    assert all(n.state == "unknown" for n in st.nodes)
+    assert _summarize(doc=dict(FIXED, slurm_cluster="here"), jobs={}, slurm_cluster="here").prunable
 
 
 def _cluster(base: Path, name: str, job: str) -> ClusterState:
@@ -171,7 +199,7 @@ def test_gather_and_prune_remove_only_what_ended(tmp_path: Path, bindir: Path) -
     assert json.loads(to_json(statuses))[0]["name"] == "gone"
     table = format_table(statuses)
     assert "gone" in table and "ended" in table and "10:00" in table
-    assert prune(statuses) == [str(base / "gone-6")]
+    assert prune(statuses) == ([str(base / "gone-6")], [])
     assert not (base / "gone-6").exists() and (base / "live-5" / "state.json").exists()
 
 
@@ -252,7 +280,7 @@ def test_collect_copies_tails_under_the_cap_and_says_what_it_left_out(tmp_path: 
     assert "raylet.out" in meta["cut"]
     total = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file() and p.name != "node.json")
     assert total <= cap + 200 * len(meta["files"])  # the cut headers only
-    assert collected_nodes(state.dir) == ["n2.2"]
+    assert [c.node_id for c in collected(state.dir)] == ["n2.2"] and meta["complete"]
     # the teardown keeps them, and only them
     state.remove()
     assert sorted(os.listdir(state.dir)) == ["ray-logs"] and collected(state.dir)[0].node_id == "n2.2"
@@ -318,5 +346,51 @@ def test_select_picks_components_by_file_name() -> None:
 def test_collect_logs_mb_is_checked(bad) -> None:
     with pytest.raises(ClusterConfigError, match=rf"provider.collect_logs_mb .* got {bad!r}"):
         common_provider_keys({"collect_logs_mb": bad})
-    assert common_provider_keys({})["collect_logs_mb"] == 50
+    assert common_provider_keys({})["collect_logs_mb"] == DEFAULT_CAP_MB
     assert common_provider_keys({"collect_logs_mb": 0})["collect_logs_mb"] == 0
+
+
+def test_an_unreadable_state_dir_is_shown_and_kept(tmp_path: Path, bindir: Path, capsys) -> None:
+    base = tmp_path / "state"
+    _cluster(base, "ok", "5")
+    bad = _cluster(base, "bad", "6")
+    bad.state_path.write_text("{not json")
+    _fake_squeue(bindir, "")
+    by_name = {s.name: s for s in gather(base)}
+    assert by_name["bad"].state == "unreadable" and "could not be read" in by_name["bad"].problems[0]
+    assert by_name["ok"].state == "ended" and not by_name["bad"].prunable
+    assert main(["status", "--prune", "--state-dir", str(base)]) == 1  # the unreadable one
+    assert (base / "bad-6" / "state.json").exists() and not (base / "ok-5").exists()
+    assert "removed" in capsys.readouterr().err
+
+
+def test_collection_refuses_what_is_not_a_regular_file_or_session(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("not a log")
+    temp = _ray_temp(tmp_path, {"raylet.out": b"ok\n"})
+    logs = temp / "session_latest" / "logs"
+    (logs / "gcs_server.out").symlink_to(secret)  # a link in Ray's dir is never followed
+    os.mkfifo(logs / "monitor.log")  # nor is a FIFO opened (it would block)
+    state = _cluster(tmp_path / "state", "c", "5")
+    dest = collect(temp, state.dir, "n1.1", 10**6, {})
+    assert dest is not None and sorted(p.name for p in dest.iterdir()) == ["node.json", "raylet.out"]
+    assert oct(dest.stat().st_mode & 0o777) == "0o700"
+    assert oct((dest / "raylet.out").stat().st_mode & 0o777) == "0o600"
+    bad = tmp_path / "bad" / "ray"
+    bad.mkdir(parents=True)
+    (bad / "session_latest").symlink_to("..")  # a session name that is no session
+    assert collect(bad, state.dir, "n1.1", 10**6, {}) is None
+
+
+def test_collection_keeps_the_newest_sessions_of_a_node(tmp_path: Path) -> None:
+    state = _cluster(tmp_path / "state", "c", "5")
+    for i in range(KEEP_SESSIONS + 2):
+        temp = tmp_path / f"t{i}" / "ray"
+        (temp / f"session_2026-12-04_0{i}-00-00_000000_1" / "logs").mkdir(parents=True)
+        (temp / f"session_2026-12-04_0{i}-00-00_000000_1" / "logs" / "raylet.out").write_text(f"{i}\n")
+        (temp / "session_latest").symlink_to(temp / f"session_2026-12-04_0{i}-00-00_000000_1")
+        collect(temp, state.dir, "n1.1", 10**6, {})
+    sessions = [c.session for c in collected(state.dir)]
+    assert len(sessions) == KEEP_SESSIONS and sessions[-1].startswith(
+        f"session_2026-12-04_0{KEEP_SESSIONS + 1}"
+    )

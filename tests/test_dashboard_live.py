@@ -1,0 +1,164 @@
+"""``eray-provider dashboard`` on the test bed, opened by headless Chromium: a 3-node
+cluster's dashboard through an srun relay step and directly, the token reaching the
+browser as Ray's cookie, a request without it refused, no step left after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ray_cluster_support import Cluster
+from testbed_support import REPO, Testbed, require
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+def _chromium() -> str:
+    """Debian's headless Chromium, installed with apt when missing."""
+    found = shutil.which("chromium")
+    if found is None and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True, timeout=900
+        )
+        found = shutil.which("chromium")
+    if found is None:
+        require("chromium is not installed and apt-get could not install it")
+    return str(found)
+
+
+def _browser(chromium: str, profile: Path, url: str, *args: str) -> str:
+    """What headless Chromium shows at ``url`` (its DOM), with cookies kept in ``profile``."""
+    proc = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",  # as root
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=15000",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.stdout
+
+
+def _steps(testbed: Testbed, job: str) -> list[str]:
+    return testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
+
+
+class Forwarding:
+    """``eray-provider dashboard`` running, its output read as it comes."""
+
+    def __init__(self, cluster: Cluster, via: str) -> None:
+        self.proc = subprocess.Popen(
+            ["eray-provider", "dashboard", str(cluster.config), "--port", "0", "--via", via],
+            env=cluster.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=str(REPO),
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.seen: list[str] = []
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def link(self, timeout: float = 60) -> str:
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.proc.kill()
+                raise AssertionError(f"no dashboard link within {timeout} s: {self.seen}")
+            self.seen.append(line)
+            m = re.search(r"http://127\.0\.0\.1:\d+/eray-provider/login/\S+", line)
+            if m:
+                return m.group(0)
+
+    def interrupt(self, timeout: float = 60) -> str:
+        """Ctrl-C; returns all it printed."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        while (line := self.lines.get(timeout=10)) is not None:
+            self.seen.append(line)
+        return "".join(self.seen)
+
+
+def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_path) -> None:
+    chromium = _chromium()
+    job = testbed.salloc("-N3", "-c1", "--mem=1500", "-J", "eray-dash-test")
+    cluster = Cluster(testbed, job, tmp_path, "dash")
+    out = REPO / ".test-output" / "dashboard"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        cluster.up()
+        for via in ("srun", "direct"):
+            fwd = Forwarding(cluster, via)
+            link = fwd.link()
+            base = link.split("/eray-provider/")[0]
+            try:
+                relay = [s for s in _steps(testbed, job) if s == f"eray.dash.dashboard.{fwd.proc.pid}"]
+                assert len(relay) == (1 if via == "srun" else 0), _steps(testbed, job)
+
+                # no token, or a wrong link: the dashboard refuses, as it would anyone
+                for url in (f"{base}/nodes?view=summary", f"{base}/eray-provider/login/wrong"):
+                    with pytest.raises(urllib.error.HTTPError) as refused:
+                        urllib.request.urlopen(url, timeout=30)
+                    assert refused.value.code == 401, url
+                    assert "ray-authentication-token" not in str(refused.value.headers)
+
+                # the browser follows the link (the cookie is set) to the nodes' API
+                profile = tmp_path / f"profile-{via}"
+                dom = _browser(chromium, profile, f"{link}?next=/nodes%3Fview%3Dsummary", "--dump-dom")
+                text = re.sub(r"<[^>]+>", "", dom)
+                doc = json.loads(text[text.index("{") : text.rindex("}") + 1])
+                alive = [n for n in doc["data"]["summary"] if n["raylet"]["state"] == "ALIVE"]
+                assert len(alive) == 3, doc
+                assert sorted(n["raylet"]["labels"]["slurm-node"] for n in alive) == [
+                    "node1",
+                    "node2",
+                    "node3",
+                ]
+                # and the dashboard's page, as the user sees it
+                shot = out / f"dashboard-{via}.png"
+                shot.unlink(missing_ok=True)
+                _browser(
+                    chromium, profile, f"{base}/#/cluster", f"--screenshot={shot}", "--window-size=1280,900"
+                )
+                assert shot.exists() and shot.stat().st_size > 10_000
+            finally:
+                rest = fwd.interrupt()
+            assert fwd.proc.returncode == 0, rest
+            assert "dashboard forwarding ended: Ctrl-C" in rest
+            assert not [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard")]
+    finally:
+        cluster.down(check=False)
+        testbed.cancel(job)
