@@ -37,8 +37,7 @@ from .launch import (
 )
 from .node_spec import worker_types
 from .ray_compat import RAY_VERSION_TEXT, check_version
-from .slurm_cli import SlurmCommandError, load_allocation
-from .slurm_cli import cluster_name as slurm_cluster_name
+from .slurm_cli import SlurmCommandError, known_cluster_name, load_allocation
 from .slurm_env import in_srun_step
 
 DEFAULT_JOIN_TIMEOUT = 300.0
@@ -77,8 +76,8 @@ def start_cluster(
         print(f"eray-provider: warning: {warning}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     python = provider["python"]
-    with state.lock(timeout=120):
-        state.create(slurm_cluster=slurm_cluster_name(os.environ))
+    with state.lock(timeout=120, creating=True):
+        state.create(slurm_cluster=known_cluster_name(os.environ))
         ensure_port_plan(state, alloc, python)
         state.save_cluster_config({"provider": provider})
     head = alloc.head.name

@@ -12,6 +12,7 @@ outlives this command.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -131,7 +132,11 @@ def _live(state: ClusterState, n: NodeLogs, components: list[str], follow: bool)
     except KeyboardInterrupt:
         raise Interrupted from None
     finally:
-        stop_foreground_step(proc, n.slurm_job, name)
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
+        try:
+            stop_foreground_step(proc, n.slurm_job, name)
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
 
 
 def show_logs(
@@ -143,7 +148,29 @@ def show_logs(
     components: list[str] | None = None,
     follow: bool = False,
 ) -> int:
-    """Print the logs; returns the exit status (1: nothing to show, or a node not read)."""
+    """Print the logs; returns the exit status (1: nothing to show, or a node not read;
+    130: interrupted by Ctrl-C, SIGTERM or SIGHUP, after the step it held ended)."""
+    previous = {s: signal.signal(s, _interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _show_logs(base, cluster, job, dirs, node, components, follow)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupted(_signum, _frame) -> None:
+    raise Interrupted  # as Ctrl-C: the step a live read holds ends first
+
+
+def _show_logs(
+    base: Path,
+    cluster: str,
+    job: str | None,
+    dirs: list[tuple[str, str, Path]],
+    node: str | None,
+    components: list[str] | None,
+    follow: bool,
+) -> int:
     components = check_components(components or []) or list(DEFAULT_COMPONENTS)
     job = find_cluster(base, cluster, job, dirs)
     state = ClusterState(cluster, job, base)

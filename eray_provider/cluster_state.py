@@ -130,17 +130,30 @@ class ClusterState:
         return self.state_path.exists()
 
     @contextmanager
-    def lock(self, timeout: float = 60) -> Iterator[None]:
+    def lock(self, timeout: float = 60, creating: bool = False) -> Iterator[None]:
         """The cluster's lock, reentrant within a thread (one FileLock per state object).
 
-        Reads inside it see every write another process made before it was acquired."""
+        Reads inside it see every write another process made before it was acquired. Of a
+        cluster torn down (no state file) it is ``ClusterStoppingError``, unless
+        ``creating`` (the caller creates the state, or removes what is left): a process
+        that outlived the teardown must not bring its state back."""
+        if not creating and not self.exists():
+            raise self._gone()
         if self._lock is None:
             ensure_private_dir(self.base)
             ensure_private_dir(self.dir)
             self._lock = FileLock(str(self.dir / ".lock"))
         with self._lock.acquire(timeout=timeout):
             self._cache = None
+            if not creating and not self.exists():
+                raise self._gone()
             yield
+
+    def _gone(self, what: str = "written") -> ClusterStoppingError:
+        return ClusterStoppingError(
+            f"cluster {self.cluster_name!r} of job {self.job_id} has been torn down ({self.state_path} "
+            f"is gone): nothing is {what}"
+        )
 
     def create(self, slurm_cluster: str | None = None) -> None:
         """Create the directory tree, a fresh token and empty state (idempotent).
@@ -235,10 +248,7 @@ class ClusterState:
         """Raise ``ClusterStoppingError`` when the cluster is being stopped; call it
         under the lock, just before a launch."""
         if not self.exists():
-            raise ClusterStoppingError(
-                f"cluster {self.cluster_name!r} of job {self.job_id} has been torn down ({self.dir} "
-                "is gone): nothing is launched"
-            )
+            raise self._gone("launched")
         if self.stopping():
             raise ClusterStoppingError(
                 f"cluster {self.cluster_name!r} of job {self.job_id} is being stopped (`ray down` "

@@ -157,8 +157,9 @@ def summarize(
         st.dashboard = f"{ips[head]}:{plan.dashboard}"
 
     recorded = doc.get("slurm_cluster")
-    if recorded and slurm_cluster and recorded != slurm_cluster:
-        jobs = None  # another controller's job ids: this squeue says nothing of them
+    elsewhere = bool(recorded) and recorded != slurm_cluster
+    if elsewhere:
+        jobs = None  # another controller's job ids (or none known here): squeue says nothing of them
     job_ended = jobs is not None and (head_job is None or not head_job.live)
     for node_id, rec in records.items():
         st.nodes.append(_node(node_id, rec, job_id, exits, jobs, alive, job_ended))
@@ -166,9 +167,12 @@ def summarize(
     if alive is not None:
         st.alive = sum(1 for n in st.nodes if n.state == "alive")
 
-    if recorded and slurm_cluster and recorded != slurm_cluster:
+    if elsewhere:
         st.state = "elsewhere"
-        st.problems.append(f"a cluster of SLURM cluster {recorded!r}: run `eray-provider status` there")
+        here = f"this one is {slurm_cluster!r}" if slurm_cluster else "this one's name is not known"
+        st.problems.append(
+            f"a cluster of SLURM cluster {recorded!r} ({here}): run `eray-provider status` there"
+        )
     elif jobs is None:
         st.state = "unknown"
         st.problems.append(f"squeue did not answer, so nothing is known of job {job_id}: {squeue_error}")
@@ -248,13 +252,14 @@ def _node(
 def _live_worker_jobs(
     cluster: str, head_job: str, records: Mapping[str, Mapping[str, Any]], jobs: Mapping[str, JobInfo]
 ) -> list[str]:
-    """An elastic cluster's worker jobs squeue still lists live: those recorded, and any
-    named as this head's (submitted, not yet recorded)."""
+    """An elastic cluster's worker jobs that squeue lists in a state that is not final
+    (running, pending, completing, held...): those recorded, and any named as this head's
+    (submitted, not yet recorded)."""
     recorded = {str(r["slurm_job"]) for r in records.values() if r.get("slurm_job")}
     live = {
         j.job_id
         for j in jobs.values()
-        if j.live
+        if j.state not in TERMINAL_STATES
         and (j.job_id in recorded or (parse_worker_job_name(j.name, cluster) or ("",))[0] == head_job)
     }
     return sorted(live, key=int)

@@ -30,7 +30,6 @@ import re
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -41,9 +40,9 @@ from pathlib import Path
 from .cluster_state import ClusterState
 from .names import step_name
 from .node_run import current_head
-from .relay import CLOSE, DATA, OPEN, Decoder, encode, encode_data
+from .relay_client import RelayClient
 from .slurm_cli import SlurmCommandError, slurm_timeout
-from .srun import clean_env, job_state, srun_argv, stop_foreground_step
+from .srun import job_state, srun_argv
 
 LOGIN_PREFIX = "/eray-provider/login/"
 #: Ray's cookie for the dashboard's token (``authentication_constants``).
@@ -53,7 +52,8 @@ DIRECT_CONNECT_TIMEOUT = 3.0
 FIRST_LINE_TIMEOUT = 10.0
 #: How often the cluster's end is checked (state, head marker), and SLURM asked.
 CHECK_SECONDS, SLURM_CHECK_SECONDS = 2.0, 30.0
-STOP_SECONDS = 10.0
+#: Local connections carried at once; more wait in the listen queue.
+MAX_CONNECTIONS = 256
 _PATH = re.compile(r"/[A-Za-z0-9/_.~%?=&#:,+-]*")
 
 
@@ -128,113 +128,17 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
-class Relay:
-    """The login side of the ``srun`` relay: one step, many channels."""
-
-    def __init__(self, argv: list[str], step: tuple[str, str] | None = None) -> None:
-        """``step``: (job, step name) of the srun step ``argv`` holds, for ``stop``."""
-        self.step = step
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=clean_env(os.environ),
-            start_new_session=True,  # Ctrl-C reaches us, and we end the step in order
-        )
-        self._lock = threading.Lock()
-        self._socks: dict[int, socket.socket] = {}
-        self._next = 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def _send(self, frame: bytes) -> None:
-        assert self.proc.stdin is not None
-        with self._lock:
-            self.proc.stdin.write(frame)
-            self.proc.stdin.flush()
-
-    def carry(self, sock: socket.socket, first: bytes) -> None:
-        """Carry one local connection (whose first bytes were read already) to its end."""
-        with self._lock:
-            self._next += 1
-            channel = self._next
-            self._socks[channel] = sock
-        try:
-            self._send(encode(channel, OPEN))
-            data = first
-            while True:
-                for frame in encode_data(channel, data):
-                    self._send(frame)
-                data = sock.recv(1 << 16)
-                if not data:
-                    break
-        except OSError:  # the local side reset, or the relay ended
-            pass
-        finally:
-            if self._socks.pop(channel, None) is not None:
-                try:
-                    self._send(encode(channel, CLOSE))
-                except OSError:
-                    pass
-            sock.close()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        decoder = Decoder()
-        try:
-            while chunk := os.read(fd, 1 << 16):
-                for channel, kind, payload in decoder.feed(chunk):
-                    sock = self._socks.get(channel)
-                    if sock is None or kind == OPEN:
-                        continue
-                    if kind == DATA:
-                        try:
-                            sock.sendall(payload)
-                            continue
-                        except OSError:
-                            pass
-                    self._end(channel)
-        except (OSError, ValueError) as e:
-            print(f"eray-provider: the dashboard relay stopped: {e}", file=sys.stderr)
-        finally:
-            for channel in list(self._socks):
-                self._end(channel)
-
-    def _end(self, channel: int) -> None:
-        """The relay closed a channel: end its local connection (its ``carry`` returns)."""
-        sock = self._socks.pop(channel, None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def stop(self) -> None:
-        """Close the relay's stdin: it ends, and its step with it. Bounded: then SIGTERM,
-        SIGKILL, and a scancel of the step if it outlived its srun."""
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
-        try:
-            self.proc.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.step is not None:
-            stop_foreground_step(self.proc, *self.step)
-        elif self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
 def _reachable(head: Head) -> bool:
+    """Whether this machine reaches the head's dashboard; ValueError when the head answers
+    but refuses (the dashboard is down: a relay would not help)."""
     try:
         socket.create_connection((head.address, head.port), timeout=DIRECT_CONNECT_TIMEOUT).close()
         return True
+    except ConnectionRefusedError as e:
+        raise ValueError(
+            f"the head's dashboard at {head.address}:{head.port} refuses connections (is it up? "
+            "see `eray-provider status` and `eray-provider logs CLUSTER --component dashboard`)"
+        ) from e
     except OSError:
         return False
 
@@ -258,36 +162,40 @@ def _first_line(sock: socket.socket) -> bytes:
 class Forwarder:
     """Accepts local connections: answers the login link, carries the rest to the head."""
 
-    def __init__(self, state: ClusterState, head: Head, relay: Relay | None) -> None:
+    def __init__(self, state: ClusterState, head: Head, relay: RelayClient | None) -> None:
         self.state, self.head, self.relay = state, head, relay
         self.token = state.token_path.read_text().strip()
         self.secret = secrets.token_urlsafe(24)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._slurm_checked = time.monotonic()
 
     def serve_one(self, sock: socket.socket) -> None:
-        first = _first_line(sock)
-        location = login_target(first.split(b"\r\n", 1)[0], self.secret)
-        if location is not None:
-            try:
-                sock.sendall(login_response(self.token, location))
-            finally:
-                sock.close()
-            return
-        if self.relay is not None:
-            self.relay.carry(sock, first)
-            return
         try:
-            remote = socket.create_connection((self.head.address, self.head.port), timeout=10)
-            remote.settimeout(None)  # a dashboard request may take long: only the connect is bounded
-            remote.sendall(first)
+            first = _first_line(sock)
+            location = login_target(first.split(b"\r\n", 1)[0], self.secret)
+            if location is not None:
+                sock.sendall(login_response(self.token, location))
+            elif self.relay is not None:
+                self.relay.carry(sock, first)
+            else:
+                self._direct(sock, first)
         except OSError:
+            pass
+        finally:
             sock.close()
-            return
-        threading.Thread(target=_pump, args=(remote, sock), daemon=True).start()
-        _pump(sock, remote)
-        sock.close()
-        remote.close()
+            self.slots.release()
 
-    def ended(self, last_slurm_check: list[float]) -> str | None:
+    def _direct(self, sock: socket.socket, first: bytes) -> None:
+        remote = socket.create_connection((self.head.address, self.head.port), timeout=10)
+        remote.settimeout(None)  # a dashboard request may take long: only the connect is bounded
+        try:
+            remote.sendall(first)
+            threading.Thread(target=_pump, args=(remote, sock), daemon=True).start()
+            _pump(sock, remote)
+        finally:
+            remote.close()
+
+    def ended(self) -> str | None:
         """Why the cluster is over, if it is."""
         if self.relay is not None and not self.relay.alive():
             return "the relay step ended (the job ended, or srun failed: see above)"
@@ -295,8 +203,8 @@ class Forwarder:
             return "the cluster was torn down"
         if self.state.read_marker(self.head.node_id, "exit") is not None:
             return f"the head {self.head.node_id} exited"
-        if time.monotonic() - last_slurm_check[0] > SLURM_CHECK_SECONDS:
-            last_slurm_check[0] = time.monotonic()
+        if time.monotonic() - self._slurm_checked > SLURM_CHECK_SECONDS:
+            self._slurm_checked = time.monotonic()
             try:
                 if job_state(self.state.job_id) is None:
                     return f"SLURM says job {self.state.job_id} has ended"
@@ -304,83 +212,112 @@ class Forwarder:
                 pass  # not an answer about the job
         return None
 
+    def serve(self, listener: socket.socket) -> str:
+        """Accept until the cluster ends; returns why. The end is checked every
+        ``CHECK_SECONDS``, whether connections come or not."""
+        listener.settimeout(CHECK_SECONDS)
+        checked = time.monotonic()
+        while True:
+            if time.monotonic() - checked >= CHECK_SECONDS:
+                checked = time.monotonic()
+                if reason := self.ended():
+                    return reason
+            if not self.slots.acquire(timeout=CHECK_SECONDS):
+                continue  # MAX_CONNECTIONS carried: the next waits in the listen queue
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                self.slots.release()
+                continue
+            except OSError as e:  # out of descriptors, an aborted connection: wait, go on
+                self.slots.release()
+                print(f"eray-provider: accept: {e}", file=sys.stderr, flush=True)
+                time.sleep(0.5)
+                continue
+            try:
+                threading.Thread(target=self.serve_one, args=(sock,), daemon=True).start()
+            except RuntimeError:  # no thread to be had
+                sock.close()
+                self.slots.release()
+
 
 def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
-    """Forward until the cluster ends or Ctrl-C; returns the exit status."""
+    """Forward until the cluster ends, Ctrl-C, SIGTERM or SIGHUP; returns the exit status."""
     out = out or sys.stdout
     if via not in ("auto", "direct", "srun"):
         raise ValueError(f"--via {via!r} is not one of auto, direct, srun")
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port!r} is not a port number (0: any free port)")
     head = find_head(state)
+    if not state.token_path.is_file():
+        raise ValueError(f"cluster {state.cluster_name!r} has no token file {state.token_path}")
     mode = "srun" if via == "srun" or (via == "auto" and not _reachable(head)) else "direct"
     try:
         listener = socket.create_server(("127.0.0.1", port))
     except OSError as e:
         raise ValueError(f"--port {port}: cannot listen on 127.0.0.1:{port}: {e}") from e
     relay = None
-    if mode == "srun":
-        python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
-        job = str(state.read()["nodes"][head.node_id].get("slurm_job") or state.job_id)
-        name = step_name(state.cluster_name, f"dashboard.{os.getpid()}")
-        argv = srun_argv(
-            job,
-            [head.slurm_node],
-            [python, "-m", "eray_provider.relay", f"{head.address}:{head.port}"],
-            name=name,
-            immediate=slurm_timeout(),
-            unbuffered=True,  # frames hold no newlines
-        )
-        relay = Relay(argv, (job, name))
-    forwarder = Forwarder(state, head, relay)
-    local = listener.getsockname()[1]
-    print(
-        f"eray-provider: the dashboard of cluster {state.cluster_name!r} (job {state.job_id}, head "
-        f"{head.address}:{head.port}, {'through an srun step' if relay else 'direct'}) is at\n"
-        f"  http://127.0.0.1:{local}{LOGIN_PREFIX}{forwarder.secret}\n"
-        f"Open that link once: it sets the cluster's token as Ray's cookie, then shows "
-        f"http://127.0.0.1:{local}/. From a laptop: ssh -L {local}:127.0.0.1:{local} <login node>. "
-        "Ctrl-C ends it.",
-        file=out,
-        flush=True,
-    )
-    listener.settimeout(CHECK_SECONDS)
-    checked = [time.monotonic()]
-    reason = None
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends it as Ctrl-C does
+    reason = "?"
+    previous = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        while reason is None:
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                reason = forwarder.ended(checked)
-                continue
-            threading.Thread(target=forwarder.serve_one, args=(sock,), daemon=True).start()
+        if mode == "srun":
+            relay = _start_relay(state, head)
+        forwarder = Forwarder(state, head, relay)
+        local = listener.getsockname()[1]
+        print(
+            f"eray-provider: the dashboard of cluster {state.cluster_name!r} (job {state.job_id}, head "
+            f"{head.address}:{head.port}, {'through an srun step' if relay else 'direct'}) is at\n"
+            f"  http://127.0.0.1:{local}{LOGIN_PREFIX}{forwarder.secret}\n"
+            f"Open that link once: it sets the cluster's token as Ray's cookie, then shows "
+            f"http://127.0.0.1:{local}/. From your own machine: ssh -L {local}:127.0.0.1:{local} "
+            f"{socket.getfqdn()}. Ctrl-C ends it.",
+            file=out,
+            flush=True,
+        )
+        reason = forwarder.serve(listener)
     except KeyboardInterrupt:
         reason = "Ctrl-C"
-    except _Terminated:
-        reason = "SIGTERM"
+    except _Terminated as e:
+        reason = str(e)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
         listener.close()
         if relay is not None:
             relay.stop()
+        signal.signal(signal.SIGINT, interrupt)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(f"eray-provider: dashboard forwarding ended: {reason}", file=out, flush=True)
-    return 0 if reason in ("Ctrl-C", "SIGTERM") else 1
+    return 0 if reason in ("Ctrl-C", "SIGTERM", "SIGHUP") else 1
+
+
+def _start_relay(state: ClusterState, head: Head) -> RelayClient:
+    python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
+    job = str(state.read()["nodes"][head.node_id].get("slurm_job") or state.job_id)
+    name = step_name(state.cluster_name, f"dashboard.{os.getpid()}")
+    argv = srun_argv(
+        job,
+        [head.slurm_node],
+        [python, "-m", "eray_provider.relay", f"{head.address}:{head.port}"],
+        name=name,
+        immediate=slurm_timeout(),
+        unbuffered=True,  # the frames as they come, not held for a newline
+    )
+    return RelayClient(argv, (job, name))
 
 
 class _Terminated(Exception):
     pass
 
 
-def _interrupt(_signum, _frame) -> None:
-    raise _Terminated
+def _terminate(signum, _frame) -> None:
+    raise _Terminated(signal.Signals(signum).name)
 
 
 def resolve(target: str, job: str | None, base: Path) -> ClusterState:
     """A cluster from a cluster YAML (its ``cluster_name``, its ``provider.state_dir``, and
-    ``provider.job_id`` or ``$SLURM_JOB_ID``) or a cluster name (its newest job unless
-    ``job``)."""
+    ``provider.job_id`` or ``$SLURM_JOB_ID``) or a cluster name (unless ``job``, its newest
+    job whose state is there: not one of which only a torn-down cluster's logs are left)."""
     from .cluster_logs import find_cluster
     from .status import state_dirs
 
@@ -393,4 +330,6 @@ def resolve(target: str, job: str | None, base: Path) -> ClusterState:
         provider = config.get("provider") or {}
         job = job or (str(provider["job_id"]) if provider.get("job_id") else os.environ.get("SLURM_JOB_ID"))
         base = Path(provider.get("state_dir") or base).expanduser()
-    return ClusterState(name, find_cluster(base, name, job, state_dirs(base)), base)
+    dirs = state_dirs(base)
+    running = [d for d in dirs if (d[2] / "state.json").exists()]
+    return ClusterState(name, find_cluster(base, name, job, dirs if job else running or dirs), base)

@@ -46,8 +46,7 @@ from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_
 from .provider import Answers, SlurmNodeProvider
 from .ray_compat import cli_logger, require_supported_ray
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
-from .slurm_cli import SlurmCommandError, load_allocation, scontrol_job, slurm_timeout
-from .slurm_cli import cluster_name as slurm_cluster_name
+from .slurm_cli import SlurmCommandError, known_cluster_name, load_allocation, scontrol_job, slurm_timeout
 from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
@@ -72,6 +71,21 @@ def _parse_node_id(node_id: str) -> tuple[str, int] | None:
         return None
     job, _, index = node_id[1:].partition("-")
     return (job, int(index)) if job.isdigit() and index.isdigit() else None
+
+
+def pending_news(
+    jobs: dict[str, JobInfo], cluster: str, head_job: str, said: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """What to say of the head's pending worker jobs whose reason is new since ``said``
+    (job -> reason said), and the new ``said``: pure."""
+    lines, now = [], {}
+    for job in jobs.values():
+        parsed = parse_worker_job_name(job.name, cluster)
+        if job.state == "PENDING" and parsed and parsed[0] == head_job:
+            now[job.job_id] = job.reason
+            if said.get(job.job_id) != job.reason:
+                lines.append(f"worker job {job.job_id} ({parsed[1]}) is pending: {job.reason}")
+    return lines, now
 
 
 class SlurmJobProvider(SlurmNodeProvider):
@@ -163,14 +177,9 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _report_pending(self, jobs: dict[str, JobInfo]) -> None:
         """Log each of this head's worker jobs that waits in the queue, with SLURM's reason,
         once per reason (in the head's monitor.log; ``eray-provider status`` shows them too)."""
-        said = {}
-        for job in jobs.values():
-            parsed = parse_worker_job_name(job.name, self.cluster_name)
-            if job.state == "PENDING" and parsed and parsed[0] == self.job_id:
-                said[job.job_id] = job.reason
-                if self._pending_said.get(job.job_id) != job.reason:
-                    logger.info("worker job %s (%s) is pending: %s", job.job_id, parsed[1], job.reason)
-        self._pending_said = said
+        lines, self._pending_said = pending_news(jobs, self.cluster_name, self.job_id, self._pending_said)
+        for line in lines:
+            logger.info("%s", line)
 
     def _report_stuck(self, jobs: dict[str, JobInfo]) -> None:
         """Give up on worker jobs that wait for what will not change (a held job, a time
@@ -434,7 +443,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         self._check_refused(node_type)
-        self.state.create(slurm_cluster=None if self.state.exists() else slurm_cluster_name(os.environ))
+        self.state.create(slurm_cluster=None if self.state.exists() else known_cluster_name(os.environ))
         env = node_env(self.state, "worker", {}, {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type})
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
         submitted: list[tuple[str, float]] = []

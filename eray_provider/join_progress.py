@@ -1,7 +1,8 @@
 """What ``ray up`` and ``eray-provider run`` say while nodes join: how many are alive,
 which are missing and why, instead of silence until the end.
 
-A line on every change and at least every ``every`` seconds::
+A line when the count changed (at most every ``MIN_GAP_SECONDS``), and at least every
+``every`` seconds::
 
     2 of 3 nodes alive; waiting for node3 (setting up)
 
@@ -17,6 +18,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 #: Nodes named in one line; the rest are counted.
 NAMED = 6
+#: At most a line this often while the count changes (thousands of nodes join in seconds).
+MIN_GAP_SECONDS = 2.0
 
 
 def why_missing(node_id: str, markers: Collection[str], exits: Mapping[str, str]) -> str:
@@ -55,6 +58,7 @@ class JoinProgress:
         every: float = 15.0,
     ) -> None:
         self.node_ids = list(node_ids)
+        self._waited = set(self.node_ids)
         self.slurm_nodes = slurm_nodes
         self.read_markers, self.read_exit, self.say = read_markers, read_exit, say
         self.already, self.every = already, every
@@ -62,14 +66,16 @@ class JoinProgress:
         self._said: tuple[float, int] | None = None
 
     def joined(self, node_ids: Sequence[str]) -> None:
-        self.alive.update(i for i in node_ids if i in self.node_ids)
+        self.alive.update(i for i in node_ids if i in self._waited)
         self.tick()
 
     def tick(self) -> None:
         now = time.monotonic()
         count = len(self.alive)
-        if self._said is not None and self._said[1] == count and now - self._said[0] < self.every:
-            return
+        if self._said is not None:
+            since = now - self._said[0]
+            if since < (self.every if self._said[1] == count else min(self.every, MIN_GAP_SECONDS)):
+                return
         self._said = (now, count)
         if count == len(self.node_ids):
             return  # the caller says the end in its own words

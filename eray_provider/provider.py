@@ -48,8 +48,7 @@ from .launch import (
 from .node_spec import worker_types
 from .process_identity import signal_command
 from .ray_compat import cli_logger, require_supported_ray
-from .slurm_cli import SlurmCommandError, load_allocation, slurm_timeout
-from .slurm_cli import cluster_name as slurm_cluster_name
+from .slurm_cli import SlurmCommandError, known_cluster_name, load_allocation, slurm_timeout
 from .slurm_env import job_id_from_env
 from .srun import cancel_steps, job_state, list_steps, run_step, srun_argv
 from .views import LiveView, Memo, ReadOnlyTags
@@ -352,8 +351,8 @@ class SlurmNodeProvider(NodeProvider):
         state = self.state
         if job_state(self.job_id) != "RUNNING":
             raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
-        with state.lock(timeout=300):
-            state.create(slurm_cluster=slurm_cluster_name(os.environ))
+        with state.lock(timeout=300, creating=True):
+            state.create(slurm_cluster=known_cluster_name(os.environ))
             state.check_launchable()
             self._drop_views()  # under the lock: what other processes wrote counts
             live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})

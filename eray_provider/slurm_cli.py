@@ -233,15 +233,20 @@ def cluster_name(env: Mapping[str, str], use_scontrol: bool = True) -> str:
     ``slurm``. ``use_scontrol=False`` reads the environment only: what every task of one
     step computes alike (they share the step's environment), without one ``scontrol`` per
     task, which at scale floods the controller and, when one times out, splits the tasks."""
+    if not use_scontrol:
+        return env.get("SLURM_CLUSTER_NAME") or FALLBACK_CLUSTER
+    return known_cluster_name(env) or FALLBACK_CLUSTER
+
+
+def known_cluster_name(env: Mapping[str, str]) -> str | None:
+    """The SLURM cluster's name as the environment or ``scontrol show config`` gives it;
+    None when neither does (what is recorded to tell clusters apart must not be a guess)."""
     if env.get("SLURM_CLUSTER_NAME"):
         return env["SLURM_CLUSTER_NAME"]
-    if not use_scontrol:
-        return FALLBACK_CLUSTER
     try:
-        name = parse_config(run_slurm(["scontrol", "show", "config"], timeout=15)).get("ClusterName")
+        return parse_config(run_slurm(["scontrol", "show", "config"], timeout=15)).get("ClusterName") or None
     except SlurmCommandError:
-        name = None
-    return name or FALLBACK_CLUSTER
+        return None
 
 
 def host_exclusions() -> list[Excluded]:

@@ -91,7 +91,7 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
 
 def list_jobs(cluster: str) -> dict[str, JobInfo]:
     """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
-    out = run_slurm(["squeue", "-h", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
+    out = run_slurm(["squeue", "-h", "-a", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
     return {k: v for k, v in parse_squeue(out).items() if is_cluster_job(v.name, cluster)}
 
 

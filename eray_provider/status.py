@@ -26,8 +26,7 @@ from .launch import gcs_alive
 from .names import check_cluster_name
 from .node_logs import collected, logs_root
 from .sbatch import SQUEUE_FORMAT, JobInfo, parse_squeue
-from .slurm_cli import SlurmCommandError, run_slurm
-from .slurm_cli import cluster_name as slurm_cluster_name
+from .slurm_cli import SlurmCommandError, known_cluster_name, run_slurm
 from .slurm_jobs import squeue_user
 
 #: Seconds one head's GCS may take to answer ``status``.
@@ -64,7 +63,7 @@ def state_dirs(base: Path) -> list[tuple[str, str, Path]]:
 
 def list_user_jobs() -> dict[str, JobInfo]:
     """All of the user's jobs squeue still knows, ended ones included (one call)."""
-    out = run_slurm(["squeue", "-h", "-t", "all", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
+    out = run_slurm(["squeue", "-h", "-a", "-t", "all", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
     return parse_squeue(out)
 
 
@@ -105,7 +104,7 @@ def gather(base: Path | None = None) -> list[ClusterStatus]:
         jobs = list_user_jobs() if dirs else {}
     except SlurmCommandError as e:
         jobs, squeue_error = None, str(e)
-    here = slurm_cluster_name(os.environ) if dirs else None
+    here = known_cluster_name(os.environ) if dirs else None
 
     def one(entry: tuple[str, str, Path]) -> ClusterStatus:
         name, job, path = entry
@@ -158,7 +157,7 @@ def prune(statuses: list[ClusterStatus]) -> tuple[list[str], list[str]]:
             continue
         state = ClusterState(st.name, st.job_id, Path(st.state_dir).parent)
         try:
-            with state.lock(timeout=30):
+            with state.lock(timeout=30, creating=True):
                 shutil.rmtree(state.dir)
         except (OSError, RuntimeError, Timeout) as e:
             failed.append(f"{st.state_dir}: {type(e).__name__}: {e}")

@@ -13,8 +13,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from eray_provider.dashboard import LOGIN_PREFIX, TOKEN_COOKIE, Relay, login_response, login_target
-from eray_provider.relay import CLOSE, DATA, MAX_PAYLOAD, OPEN, Decoder, FrameError, encode, encode_data
+from eray_provider.dashboard import LOGIN_PREFIX, TOKEN_COOKIE, login_response, login_target
+from eray_provider.relay import (
+    CLOSE,
+    DATA,
+    GREETING,
+    MAX_PAYLOAD,
+    OPEN,
+    Decoder,
+    FrameError,
+    encode,
+    encode_data,
+)
+from eray_provider.relay_client import RelayClient
 
 
 def test_frames_survive_any_split() -> None:
@@ -30,6 +41,12 @@ def test_frames_survive_any_split() -> None:
         ]
     with pytest.raises(FrameError):
         Decoder().feed(b"GET / HTTP/1.1\r\n")
+    # what a site's task prolog printed before the relay's greeting is skipped
+    dec = Decoder(greeting=GREETING)
+    assert dec.feed(b"Welcome to the cluster!\n" + GREETING[:5]) == []
+    assert dec.feed(GREETING[5:] + encode(3, CLOSE)) == [(3, CLOSE, b"")]
+    with pytest.raises(FrameError, match="no relay greeting"):
+        Decoder(greeting=GREETING).feed(b"x" * 70000)
 
 
 def test_the_login_link_needs_the_secret() -> None:
@@ -65,12 +82,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_the_relay_carries_concurrent_connections_and_ends_with_its_stdin() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    relay = Relay([sys.executable, "-m", "eray_provider.relay", f"127.0.0.1:{server.server_port}"])
+def _relayed(server_port: int):
+    """A relay process (a plain subprocess here) and a local listener carried through it."""
+    relay = RelayClient([sys.executable, "-m", "eray_provider.relay", f"127.0.0.1:{server_port}"])
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
 
     def accept() -> None:
         while True:
@@ -78,20 +93,48 @@ def test_the_relay_carries_concurrent_connections_and_ends_with_its_stdin() -> N
                 sock, _ = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=relay.carry, args=(sock, b""), daemon=True).start()
+            threading.Thread(target=relay.carry, args=(sock,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
+    return relay, listener, listener.getsockname()[1]
+
+
+def _get(port: int, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return r.read()
+
+
+def test_the_relay_carries_concurrent_connections_and_ends_with_its_stdin() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    relay, listener, port = _relayed(server.server_port)
     try:
-
-        def get(i: int) -> bytes:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/p{i}", timeout=30) as r:
-                return r.read()
-
         with ThreadPoolExecutor(8) as pool:
-            bodies = list(pool.map(get, range(24)))
+            bodies = list(pool.map(lambda i: _get(port, f"/p{i}"), range(24)))
         assert all(body == f"/p{i}".encode() * 40000 for i, body in enumerate(bodies))
     finally:
         listener.close()
         relay.stop()
         server.shutdown()
     assert relay.proc.returncode == 0  # it ended because its stdin closed, not killed
+
+
+def test_a_connection_that_never_reads_stalls_no_other() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    relay, listener, port = _relayed(server.server_port)
+    hog = socket.create_connection(("127.0.0.1", port))
+    try:
+        # pipelined requests for 160 kB answers each, never read: far more than any buffer
+        hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        request = b"GET /hog-hog-hog HTTP/1.1\r\nHost: x\r\n\r\n"
+        hog.sendall(request * 200)
+        for i in range(5):  # the others are answered all the same, in full
+            assert _get(port, f"/q{i}") == f"/q{i}".encode() * 40000
+        assert relay.alive()
+    finally:
+        hog.close()
+        listener.close()
+        relay.stop()
+        server.shutdown()
+    assert relay.proc.returncode == 0

@@ -216,3 +216,23 @@ def test_a_dotted_elastic_cluster_name_is_refused() -> None:
     config["cluster_name"] = "sweep.2"
     with pytest.raises(ClusterNameError, match=r"cluster_name: 'sweep\.2'"):
         fill_elastic_config(config, None)
+
+
+def test_pending_worker_jobs_are_said_once_per_reason() -> None:
+    from eray_provider.elastic import pending_news
+    from eray_provider.sbatch import JobInfo
+
+    def jobs(reason12: str) -> dict[str, JobInfo]:
+        return {
+            "12": JobInfo("12", "PENDING", "eray.c.7.cpu", "", reason12, 1),
+            "13": JobInfo("13", "PENDING", "eray.c.7.gpu", "", "Resources", 1),
+            "9": JobInfo("9", "PENDING", "eray.c.8.cpu", "", "Resources", 1),  # another head's
+            "10": JobInfo("10", "RUNNING", "eray.c.7.cpu", "n1", "None", 1),
+        }
+
+    lines, said = pending_news(jobs("Priority"), "c", "7", {})
+    assert lines == ["worker job 12 (cpu) is pending: Priority", "worker job 13 (gpu) is pending: Resources"]
+    lines, said = pending_news(jobs("Resources"), "c", "7", said)
+    assert lines == ["worker job 12 (cpu) is pending: Resources"]
+    assert said == {"12": "Resources", "13": "Resources"}
+    assert pending_news({}, "c", "7", said) == ([], {})

@@ -95,7 +95,8 @@ def test_the_gcs_watch_ends_when_a_node_exits(tmp_path: Path) -> None:
         watch_alive(state, address, ["n2.2"], timeout=60, failed=lambda: "n2.2 exited")
 
 
-def test_join_progress_says_who_is_missing_and_why() -> None:
+def test_join_progress_says_who_is_missing_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eray_provider import join_progress
     from eray_provider.join_progress import JoinProgress, progress_line, why_missing
 
     markers = {"a.tmpdir", "b.tmpdir", "b.ip", "c.tmpdir", "c.exit"}
@@ -111,6 +112,7 @@ def test_join_progress_says_who_is_missing_and_why() -> None:
     progress = JoinProgress(
         ["a", "b", "d"], {"a": "node2", "b": "node3"}, lambda: markers, lambda i: None, said.append, already=1
     )
+    monkeypatch.setattr(join_progress, "MIN_GAP_SECONDS", 0.0)  # every change said: the gap is below
     progress.joined([])
     progress.joined([])  # nothing changed, too soon: not said again
     progress.joined(["b", "x"])  # an id it does not wait for is not counted
@@ -118,4 +120,12 @@ def test_join_progress_says_who_is_missing_and_why() -> None:
     assert said == [
         "1 of 4 nodes alive; waiting for node2 (setting up), node3 (Ray starting), d (step not started)",
         "2 of 4 nodes alive; waiting for node2 (setting up), d (step not started)",
+    ]
+    monkeypatch.undo()
+    quiet: list[str] = []
+    slow = JoinProgress(["a", "b", "d"], {}, lambda: set(), lambda i: None, quiet.append, every=60.0)
+    slow.joined([])
+    slow.joined(["a"])  # changed, but within the gap: said at the next poll after it
+    assert quiet == [
+        "0 of 3 nodes alive; waiting for a (step not started), b (step not started), d (step not started)"
     ]

@@ -8,6 +8,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import threading
 import time
 
 import pytest
@@ -48,6 +50,10 @@ def _eray(testbed: Testbed, cluster: Cluster, *args: str, check: bool = True):
     return testbed.run(["eray-provider", *args], env=cluster.env, timeout=180, check=check)
 
 
+def _steps(testbed: Testbed, job: str) -> list[str]:
+    return testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
+
+
 def _raylet_lines(out: str, pid: int) -> list[str]:
     """Lines of the raylet whose pid is ``pid`` (glog: ``[time I pid tid] (raylet) ...``)."""
     return [line for line in out.splitlines() if re.search(rf"\[[^]]* {pid} \d+\] \(raylet\)", line)]
@@ -68,6 +74,31 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
         live = _eray(testbed, sa, "logs", "sa", "--node", _worker(sa)[1], "--component", "raylet").stdout
         assert re.search(r"==> \S+ on node\d \(live\): raylet\.out <==", live), live[-2000:]
         assert "(raylet)" in live
+
+        # following a live node's log: its lines come, and Ctrl-C leaves no step behind
+        follow = subprocess.Popen(
+            ["eray-provider", "logs", "sb", "--follow", "--component", "raylet"],
+            env=sb.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        watchdog = threading.Timer(60, follow.kill)  # readline must not wait for ever
+        watchdog.start()
+        try:
+            assert follow.stdout is not None
+            first = []
+            while not any("(raylet)" in line for line in first) and len(first) < 200:
+                first.append(follow.stdout.readline())
+            assert any("(raylet)" in line for line in first), first
+            logs_steps = [s for s in _steps(testbed, sb.job_id) if s.startswith("eray.sb.logs.")]
+            assert len(logs_steps) == 1, _steps(testbed, sb.job_id)
+        finally:
+            watchdog.cancel()
+            follow.send_signal(signal.SIGINT)
+            follow.wait(timeout=60)
+        assert follow.returncode == 130
+        assert not [s for s in _steps(testbed, sb.job_id) if s.startswith("eray.sb.logs.")]
 
         # sc: a worker's raylet dies, then the job is cancelled
         dead_c, pid_c = _kill_raylet(testbed, sc)
