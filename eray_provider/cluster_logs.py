@@ -48,21 +48,40 @@ class NodeLogs:
 
 
 def find_cluster(base: Path, cluster: str, job: str | None, dirs: list[tuple[str, str, Path]]) -> str:
-    """The job of ``cluster`` to read: ``job`` when given, else its newest. Pure over
-    ``dirs`` (``status.state_dirs``); a ValueError names what exists."""
+    """The job of ``cluster`` to read: ``job`` when given, else the one whose cluster runs
+    (its state is there), else the one torn down last; the newest state first when there
+    are several. Not the highest job id: a controller whose state was reset hands out
+    low ids again. A ValueError names what exists."""
     check_cluster_name(cluster, "CLUSTER")
-    jobs = sorted((j for name, j, _ in dirs if name == cluster), key=int)
+    mine = [(j, path) for name, j, path in dirs if name == cluster]
+    jobs = sorted((j for j, _ in mine), key=int)
     if not jobs:
         raise ValueError(f"no cluster {cluster!r} under {base} (`eray-provider status` lists them)")
-    if job is not None and job not in jobs:
-        raise ValueError(f"--job {job!r}: cluster {cluster!r} has state of job(s) {', '.join(jobs)} only")
-    if job is None and len(jobs) > 1:
+    if job is not None:
+        if job not in jobs:
+            raise ValueError(f"--job {job!r}: cluster {cluster!r} has state of job(s) {', '.join(jobs)} only")
+        return job
+    chosen = max(mine, key=lambda m: _recency(m[1]))[0]
+    if len(jobs) > 1:
         print(
-            f"eray-provider: cluster {cluster!r} has state of jobs {', '.join(jobs)}: showing {jobs[-1]} "
+            f"eray-provider: cluster {cluster!r} has state of jobs {', '.join(jobs)}: showing {chosen} "
             "(--job picks another)",
             file=sys.stderr,
         )
-    return job or jobs[-1]
+    return chosen
+
+
+def _recency(path: Path) -> tuple[bool, float]:
+    """(whether its cluster runs, when its state or logs last changed)."""
+    state = path / "state.json"
+    try:
+        return True, state.stat().st_mtime
+    except OSError:
+        pass
+    try:
+        return False, path.stat().st_mtime
+    except OSError:
+        return False, 0.0
 
 
 def node_logs(state: ClusterState) -> list[NodeLogs]:

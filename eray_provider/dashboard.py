@@ -316,8 +316,8 @@ def _terminate(signum, _frame) -> None:
 
 def resolve(target: str, job: str | None, base: Path) -> ClusterState:
     """A cluster from a cluster YAML (its ``cluster_name``, its ``provider.state_dir``, and
-    ``provider.job_id`` or ``$SLURM_JOB_ID``) or a cluster name (unless ``job``, its newest
-    job whose state is there: not one of which only a torn-down cluster's logs are left)."""
+    ``provider.job_id`` or ``$SLURM_JOB_ID``) or a cluster name (``cluster_logs.find_cluster``
+    picks its job, the running one first)."""
     from .cluster_logs import find_cluster
     from .status import state_dirs
 
@@ -330,6 +330,4 @@ def resolve(target: str, job: str | None, base: Path) -> ClusterState:
         provider = config.get("provider") or {}
         job = job or (str(provider["job_id"]) if provider.get("job_id") else os.environ.get("SLURM_JOB_ID"))
         base = Path(provider.get("state_dir") or base).expanduser()
-    dirs = state_dirs(base)
-    running = [d for d in dirs if (d[2] / "state.json").exists()]
-    return ClusterState(name, find_cluster(base, name, job, dirs if job else running or dirs), base)
+    return ClusterState(name, find_cluster(base, name, job, state_dirs(base)), base)

@@ -71,13 +71,15 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
             cluster.up()
 
         # a live node's raylet log is read on its node
-        live = _eray(testbed, sa, "logs", "sa", "--node", _worker(sa)[1], "--component", "raylet").stdout
+        live = _eray(
+            testbed, sa, "logs", "sa", "--job", sa.job_id, "--node", _worker(sa)[1], "--component", "raylet"
+        ).stdout
         assert re.search(r"==> \S+ on node\d \(live\): raylet\.out <==", live), live[-2000:]
         assert "(raylet)" in live
 
         # following a live node's log: its lines come, and Ctrl-C leaves no step behind
         follow = subprocess.Popen(
-            ["eray-provider", "logs", "sb", "--follow", "--component", "raylet"],
+            ["eray-provider", "logs", "sb", "--job", sb.job_id, "--follow", "--component", "raylet"],
             env=sb.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -140,7 +142,9 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
         assert any(f"job {sc.job_id}" in p for p in doc["sc"]["problems"])
 
         # after scancel: the killed worker's raylet log, from the state dir
-        out = _eray(testbed, sc, "logs", "sc", "--node", dead_c, "--component", "raylet").stdout
+        out = _eray(
+            testbed, sc, "logs", "sc", "--job", sc.job_id, "--node", dead_c, "--component", "raylet"
+        ).stdout
         assert f"==> {dead_c} on node" in out and "(collected, session_" in out
         assert _raylet_lines(out, pid_c), out[-2000:]
 
@@ -148,9 +152,13 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
         dead_a, pid_a = _kill_raylet(testbed, sa)
         sa.down()
         assert sorted(os.listdir(sa.state_dir)) == ["ray-logs"]
-        out = _eray(testbed, sa, "logs", "sa", "--node", dead_a, "--component", "raylet").stdout
+        out = _eray(
+            testbed, sa, "logs", "sa", "--job", sa.job_id, "--node", dead_a, "--component", "raylet"
+        ).stdout
         assert _raylet_lines(out, pid_a), out[-2000:]
-        head_logs = _eray(testbed, sa, "logs", "sa", "--node", "node1", "--component", "gcs").stdout
+        head_logs = _eray(
+            testbed, sa, "logs", "sa", "--job", sa.job_id, "--node", "node1", "--component", "gcs"
+        ).stdout
         assert "gcs_server.out <==" in head_logs
 
         # --prune removes the ended job's cluster only (sa's job still runs: its logs stay)

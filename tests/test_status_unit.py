@@ -332,8 +332,13 @@ def test_live_nodes_are_read_on_the_node_ended_ones_from_the_state_dir(tmp_path:
     found = {n.node_id: (n.live, n.slurm_node, n.slurm_job) for n in node_logs(state)}
     assert found == {"n1.1": (True, "n1", "5"), "n2.2": (False, "n2", "")}
     assert [n.node_id for n in pick(node_logs(state), "n1")] == ["n1.1"]
+    # the running one (state.json) wins over a higher job id of which only logs are left
+    (base / "c-12" / "ray-logs").mkdir(parents=True)
     dirs = [("c", "5", base / "c-5"), ("c", "12", base / "c-12"), ("d", "3", base / "d-3")]
-    assert find_cluster(base, "c", None, dirs) == "12" and find_cluster(base, "c", "5", dirs) == "5"
+    assert find_cluster(base, "c", None, dirs) == "5" and find_cluster(base, "c", "12", dirs) == "12"
+    (base / "c-5" / "state.json").unlink()
+    os.utime(base / "c-12", (1, 1))
+    assert find_cluster(base, "c", None, dirs) == "5"  # then the one torn down last
 
 
 def test_select_picks_components_by_file_name() -> None:
