@@ -124,6 +124,13 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return run(state, port=args.port, via=args.via)
 
 
+def _job_and_state_dir(s: argparse.ArgumentParser, state_dir: dict) -> None:
+    s.add_argument(
+        "--job", help="which job's cluster of that name (default: the YAML's, or the one that runs)"
+    )
+    s.add_argument("--state-dir", **state_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eray-provider",
@@ -187,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "itself (an srun step) for live ones.",
     )
     s.add_argument("cluster", metavar="CLUSTER", help="the cluster name")
-    s.add_argument("--job", help="which job's cluster of that name (default: the newest)")
+    _job_and_state_dir(s, state_dir)
     s.add_argument("--node", help="one node: its node id or its SLURM node")
     s.add_argument(
         "--component",
@@ -195,8 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="raylet, gcs, monitor, dashboard or worker; repeatable (default: raylet, gcs, monitor)",
     )
-    s.add_argument("--follow", action="store_true", help="follow one live node's logs until its job ends")
-    s.add_argument("--state-dir", **state_dir)
+    s.add_argument("--follow", action="store_true", help="follow one live node's logs until its Ray ends")
     s.set_defaults(func=_cmd_logs)
 
     s = sub.add_parser(
@@ -207,10 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ends or Ctrl-C. The printed link sets the cluster's token as Ray's cookie.",
     )
     s.add_argument("target", metavar="CONFIG_OR_CLUSTER", help="a cluster YAML or a cluster name")
-    s.add_argument("--job", help="which job's cluster of that name (default: the YAML's, or the newest)")
+    _job_and_state_dir(s, state_dir)
     s.add_argument("--port", type=int, default=8265, help="local port (default 8265; 0: any free port)")
     s.add_argument("--via", default="auto", help="auto (default), direct or srun")
-    s.add_argument("--state-dir", **state_dir)
     s.set_defaults(func=_cmd_dashboard)
     return p
 

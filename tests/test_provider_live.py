@@ -113,7 +113,9 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         # by its address too: the test bed's nodes share one PID namespace, and before Ray
         # 2.55 every node's Ray runs in a temp dir of the head's name
         ip3 = by_node["node3"]["ip"]
-        pattern = f"raylet.*{tmp3[0]}.*--node_ip_address={re.escape(ip3)}( |$)"
+        # (node3 has its own dir and, before Ray 2.55, one of the head's name that Ray runs in)
+        dirs = "|".join(re.escape(d) for d in tmp3)
+        pattern = f"raylet.*({dirs}).*--node_ip_address={re.escape(ip3)}( |$)"
         (raylet,) = testbed.run(["pgrep", "-f", pattern]).stdout.split()
         os.kill(int(raylet), signal.SIGKILL)
         replaced = cluster.wait_nodes(3, timeout=120, exclude={dead})

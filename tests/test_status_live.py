@@ -31,7 +31,7 @@ def _kill_raylet(testbed: Testbed, cluster: Cluster) -> tuple[str, int]:
     """SIGKILL the worker's raylet, wait until its node recorded the end and its logs were
     collected; returns (node id, the raylet's pid)."""
     node_id, _, ip = _worker(cluster)
-    tmp = (cluster.state_dir / "nodes" / f"{node_id}.tmpdir").read_text().split()[1]
+    tmp = (cluster.state_dir / "nodes" / f"{node_id}.tmpdir").read_text().split()[-1]  # where Ray runs
     # by temp dir and address: the test bed's nodes share one PID namespace
     (pid,) = testbed.run(
         ["pgrep", "-f", f"raylet.*{tmp}.*--node_ip_address={re.escape(ip)}( |$)"]
