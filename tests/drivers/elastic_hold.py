@@ -28,7 +28,13 @@ def jobs_of(pg) -> list[str] | None:
     return sorted(labels[n]["slurm-job"] for n in nodes if labels[n]["slurm-job"] != head_job)
 
 
-first = jobs_of(pg)
+# placed, but the GCS's node list may not show every bundle's node alive yet: poll it
+settle = time.monotonic() + 60
+while (first := jobs_of(pg)) is None and time.monotonic() < settle:
+    time.sleep(0.5)
+if first is None:
+    print("NOT PLACED", placement_group_table(pg), flush=True)
+    sys.exit(1)
 print("READY", *first, flush=True)
 deadline = time.monotonic() + float(sys.argv[1] if len(sys.argv) > 1 else 400)
 while time.monotonic() < deadline:
