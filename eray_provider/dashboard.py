@@ -52,6 +52,8 @@ DIRECT_CONNECT_TIMEOUT = 3.0
 FIRST_LINE_TIMEOUT = 10.0
 #: How often the cluster's end is checked (state, head marker), and SLURM asked.
 CHECK_SECONDS, SLURM_CHECK_SECONDS = 2.0, 30.0
+#: Seconds the relay's srun step may take to start (it is printed only once it runs).
+RELAY_START_TIMEOUT = 60.0
 #: Local connections carried at once; more wait in the listen queue.
 MAX_CONNECTIONS = 256
 _PATH = re.compile(r"/[A-Za-z0-9/_.~%?=&#:,+-]*")
@@ -262,6 +264,10 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
     try:
         if mode == "srun":
             relay = _start_relay(state, head)
+            if not relay.wait_ready(RELAY_START_TIMEOUT):
+                raise _Terminated(
+                    f"the relay step on {head.slurm_node} did not start within {RELAY_START_TIMEOUT:.0f} s"
+                )
         forwarder = Forwarder(state, head, relay)
         local = listener.getsockname()[1]
         print(

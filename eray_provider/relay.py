@@ -62,6 +62,11 @@ class Decoder:
         self._buf = bytearray()
         self._greeting = greeting
 
+    @property
+    def greeted(self) -> bool:
+        """The greeting (if one was asked for) has been seen."""
+        return not self._greeting
+
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
         self._buf += data
         if self._greeting:

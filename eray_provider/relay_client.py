@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from .relay import CLOSE, GREETING, OPEN, Decoder, encode, encode_data
 from .srun import clean_env, stop_foreground_step
@@ -73,7 +74,17 @@ class RelayClient:
         self._channels: dict[int, _Channel] = {}
         self._next = 0
         self._dead = False
+        self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Until the relay's greeting came (its step runs); False after ``timeout`` or
+        when the relay ended first."""
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.2):
+            if self._dead or self.proc.poll() is not None or time.monotonic() > deadline:
+                return self._ready.is_set()
+        return True
 
     def alive(self) -> bool:
         return not self._dead and self.proc.poll() is None
@@ -120,7 +131,10 @@ class RelayClient:
         decoder = Decoder(greeting=GREETING)
         try:
             while chunk := os.read(fd, 1 << 16):
-                for channel, kind, payload in decoder.feed(chunk):
+                frames = decoder.feed(chunk)
+                if decoder.greeted:
+                    self._ready.set()
+                for channel, kind, payload in frames:
                     ch = self._channels.get(channel)
                     if ch is None or kind == OPEN:
                         continue

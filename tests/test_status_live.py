@@ -28,20 +28,29 @@ def _worker(cluster: Cluster) -> tuple[str, str, str]:
 
 
 def _kill_raylet(testbed: Testbed, cluster: Cluster) -> tuple[str, int]:
-    """SIGKILL the worker's raylet, wait until its node recorded the end and its logs were
-    collected; returns (node id, the raylet's pid)."""
+    """SIGKILL the worker's raylet, wait until its node recorded the end and collected its
+    logs (this end's: a state dir of an earlier test bed's job of the same id may hold
+    older ones); returns (node id, the raylet's pid)."""
     node_id, _, ip = _worker(cluster)
     tmp = (cluster.state_dir / "nodes" / f"{node_id}.tmpdir").read_text().split()[-1]  # where Ray runs
     # by temp dir and address: the test bed's nodes share one PID namespace
     (pid,) = testbed.run(
         ["pgrep", "-f", f"raylet.*{tmp}.*--node_ip_address={re.escape(ip)}( |$)"]
     ).stdout.split()
+    killed = time.time()
     os.kill(int(pid), signal.SIGKILL)
+
+    def collected_now() -> bool:
+        meta = collected_logs(cluster.state_dir).get(node_id)
+        at = meta and time.mktime(time.strptime(meta["collected_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+        return bool(meta and meta.get("complete") and at >= int(killed) - 1)
+
     deadline = time.monotonic() + 90
-    while node_id not in collected_logs(cluster.state_dir) and time.monotonic() < deadline:
+    while not collected_now() and time.monotonic() < deadline:
         time.sleep(0.5)
-    logs = collected_logs(cluster.state_dir)
-    assert node_id in logs, f"{node_id}'s logs were not collected within 90 s: {logs}"
+    assert collected_now(), (
+        f"{node_id}'s logs were not collected within 90 s: {collected_logs(cluster.state_dir)}"
+    )
     assert (cluster.state_dir / "nodes" / f"{node_id}.exit").exists()
     return node_id, int(pid)
 
