@@ -269,6 +269,11 @@ def select(files: Iterable[str], components: Sequence[str]) -> list[str]:
     return [f for i, f in sorted(chosen) if list(COMPONENTS)[i] in components]
 
 
+def component_files(root: Path, components: Sequence[str]) -> list[str]:
+    """The files of ``components`` under ``root`` (relative paths), as ``select`` orders them."""
+    return select((rel for rel, _, _ in _files(root)), components)
+
+
 def check_components(names: Sequence[str]) -> list[str]:
     bad = [n for n in names if n not in COMPONENTS]
     if bad:
@@ -280,7 +285,7 @@ def show(root: Path, components: Sequence[str], title: str, out=None) -> int:
     """Print the files of ``components`` under ``root``, each after a header; returns how
     many files were printed."""
     out = out or sys.stdout
-    files = select((rel for rel, _, _ in _files(root)), components)
+    files = component_files(root, components)
     for rel in files:
         out.write(f"==> {title}: {rel} <==\n")
         decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
@@ -315,7 +320,7 @@ def main(argv: list[str]) -> int:
         return 1
     _, root = found
     if args.follow:
-        files = [str(root / rel) for rel in select((r for r, _, _ in _files(root)), components)]
+        files = [str(root / rel) for rel in component_files(root, components)]
         if not files:
             print(f"no {'/'.join(components)} logs under {root}", file=sys.stderr)
             return 1

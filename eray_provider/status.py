@@ -121,10 +121,10 @@ def _one(
     state: ClusterState, jobs: dict[str, JobInfo] | None, squeue_error: str, here: str | None
 ) -> ClusterStatus:
     logs = collected(state.dir)
+    nodes = sorted({c.node_id for c in logs})
     if not state.exists():
         clusters = {c.meta.get("slurm_cluster") for c in logs} - {None, ""}
         same = not clusters or clusters == {here}
-        nodes = sorted({c.node_id for c in logs})
         return down_status(state.cluster_name, state.job_id, str(state.dir), nodes, jobs, same)
     facts = _facts(state)
     common = dict(
@@ -132,7 +132,7 @@ def _one(
         jobs=jobs,
         state_dir=str(state.dir),
         token_file=str(state.token_path),
-        logs=sorted({c.node_id for c in logs}),
+        logs=nodes,
         squeue_error=squeue_error,
         slurm_cluster=here,
     )
