@@ -193,7 +193,7 @@ elif cmd == "srun":
 elif cmd == "sbatch":
     sys.stdin.read()
     job = str(@FIRST@ + counter())
-    row = "%s|PENDING|%s|(null)|Priority|INVALID|N/A|%s" % (job, value("--nodes="), value("--job-name="))
+    row = "%s|PENDING|%s|(null)|Priority|INVALID|N/A|UNLIMITED|%s" % (job, value("--nodes="), value("--job-name="))
     save("jobs", list(jobs.values()) + [row])
     print(job)
 else:
@@ -615,12 +615,12 @@ def elastic_paths(n: int, per_job: int, root: Path, fake: FakeSlurm, count: int,
         job = str(FIRST_ELASTIC_JOB + 500_000 + j)
         hosts = [f"cn{j * per_job + k:05d}" for k in range(per_job)]
         nodelist = hosts[0] if per_job == 1 else f"cn[{j * per_job:05d}-{j * per_job + per_job - 1:05d}]"
-        rows.append(f"{job}|RUNNING|{per_job}|{nodelist}|None|UNLIMITED|Unknown|{name}")
+        rows.append(f"{job}|RUNNING|{per_job}|{nodelist}|None|UNLIMITED|Unknown|UNLIMITED|{name}")
         for k, host in enumerate(hosts):
             node_id = elastic_node_id(job, k)
             nodes[node_id] = host
             doc["nodes"][node_id] = {"slurm_job": job, "role": "worker", "tags": dict(tags), "created": now}
-    other = "777|RUNNING|1|login01|None|1:00:00|2026-12-03T20:00:00|interactive"
+    other = "777|RUNNING|1|login01|None|1:00:00|2026-12-03T20:00:00|1:00:00|interactive"
     rows.append(other)  # another job of the user
     fake.write("jobs", rows)
     state.write(doc)

@@ -62,6 +62,12 @@ class Allocation:
     source: str = "environment"
     #: SLURM's job state when it was read through scontrol (``RUNNING``, ...).
     state: str | None = None
+    #: When the job ends (epoch seconds) as SLURM said when it was read, None when
+    #: unknown or unlimited; a preemption or ``scontrol update`` may move it since
+    #: (``end_watch`` follows it live).
+    end_time: float | None = None
+    #: The job's time limit in seconds; None when unknown or unlimited.
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.job_id or not self.job_id.isdigit():
@@ -103,6 +109,8 @@ class Allocation:
             "partition": self.partition,
             "state": self.state,
             "source": self.source,
+            "end_time": self.end_time,
+            "time_limit_s": self.time_limit_s,
             "head": self.head.name,
             "nodes": [n.to_dict() for n in self.nodes],
         }
@@ -130,6 +138,8 @@ class Allocation:
             partition=d.get("partition"),
             source=d.get("source", "environment"),
             state=d.get("state"),
+            end_time=d.get("end_time"),
+            time_limit_s=d.get("time_limit_s"),
         )
 
 

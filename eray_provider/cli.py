@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from . import hostlist
 from .allocation import Allocation, AllocationError
 from .ports import PortPlan, PortPlanError, choose_plan
 from .ray_compat import UnsupportedRayError
+from .walltime import describe_end
 
 
 def _cmd_hostnames(args: argparse.Namespace) -> int:
@@ -47,6 +49,7 @@ def _format_table(alloc: Allocation, plan: PortPlan) -> str:
     lines = [
         f"job {alloc.job_id}  cluster {alloc.cluster or '-'}  partition {alloc.partition or '-'}"
         f"  (from {alloc.source})",
+        f"ends {describe_end(alloc.end_time, alloc.time_limit_s, time.time())}",
         *("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows),
         "",
         "ports:",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from .node_spec import (
     ray_resources,
     worker_types,
 )
+from .walltime import DEFAULT_DRAIN_LEAD_SECONDS
 
 #: The head's start command: the command runner recognises it and launches the head's
 #: long-lived step from the launcher host instead of running it inside a short step.
@@ -61,14 +63,7 @@ def select_nodes(alloc: Allocation, provider: dict[str, Any], max_workers: int) 
         )
     if max_workers >= 0:
         names = names[: max_workers + 1]
-    return type(alloc)(
-        job_id=alloc.job_id,
-        nodes=tuple(alloc.node(n) for n in names),
-        cluster=alloc.cluster,
-        partition=alloc.partition,
-        source=alloc.source,
-        state=alloc.state,
-    )
+    return replace(alloc, nodes=tuple(alloc.node(n) for n in names))
 
 
 def gone_config(config: dict[str, Any], job_id: str, reason: str) -> dict[str, Any]:
@@ -119,6 +114,10 @@ def set_launcher_keys(
         out[key] = list(out.get(key) or [])
 
 
+#: The longest drain lead accepted: a week.
+MAX_DRAIN_LEAD_S = 7 * 86400
+
+
 def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
     """The provider keys of both kinds of cluster (fixed and elastic), checked."""
     value = provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION)
@@ -130,7 +129,13 @@ def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
             f"provider.collect_logs_mb must be a number of MiB from 0 (collect nothing) to {MAX_CAP_MB}, "
             f"got {mb!r}"
         )
-    return {"object_store_fraction": float(value), "collect_logs_mb": mb}
+    lead = provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS)
+    if isinstance(lead, bool) or not isinstance(lead, (int, float)) or not 0 <= lead <= MAX_DRAIN_LEAD_S:
+        raise ClusterConfigError(
+            "provider.drain_before_end_s must be a number of seconds from 0 (never drain) to "
+            f"{MAX_DRAIN_LEAD_S}, got {lead!r}"
+        )
+    return {"object_store_fraction": float(value), "collect_logs_mb": mb, "drain_before_end_s": float(lead)}
 
 
 def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = None) -> dict[str, Any]:

@@ -293,6 +293,16 @@ class ClusterState:
         _write_private(self.marker(node_id, kind), value)
         self._markers = None
 
+    def drained(self) -> str | None:
+        """The reason of a drain ``end_watch`` recorded for a node of the cluster (its
+        job's end is near), or None."""
+        for path in sorted(self.node_dir.glob("*.drain")):
+            try:
+                return json.loads(path.read_text())["message"]
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
+
     def write_temp_dirs(self, node_id: str, slurm_node: str, paths: Sequence[str]) -> None:
         """Record the SLURM node a node's process runs on and the temp dirs it uses there
         (the teardown removes them, for a process that could not), one per line."""

@@ -51,6 +51,7 @@ from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
 from .views import LiveView, Memo, ReadOnlyTags
+from .walltime import DEFAULT_DRAIN_LEAD_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -367,6 +368,7 @@ class SlurmJobProvider(SlurmNodeProvider):
                     "#!/bin/bash\nexec sleep infinity\n",
                     self._head_log("%j"),
                     clean_env(os.environ),
+                    warn_s=self._drain_lead,
                 )
                 cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
             else:
@@ -460,7 +462,14 @@ class SlurmJobProvider(SlurmNodeProvider):
 
         try:
             for _ in range(math.ceil(count / request.nodes)):
-                job = submit(request, name, batch_script(self.python), self.state.logs / "job-%j.log", env)
+                job = submit(
+                    request,
+                    name,
+                    batch_script(self.python),
+                    self.state.logs / "job-%j.log",
+                    env,
+                    warn_s=self._drain_lead,
+                )
                 submitted.append((job, time.time()))
                 logger.info("submitted SLURM job %s for %d %s node(s)", job, request.nodes, node_type)
         finally:
@@ -546,6 +555,10 @@ class SlurmJobProvider(SlurmNodeProvider):
             if self.job_id in heads:
                 cancel_jobs([self.job_id])
             self._head_log(self.job_id).unlink(missing_ok=True)
+
+    @property
+    def _drain_lead(self) -> float:
+        return float(self.provider_config.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
 
     def _head_log(self, job: str):
         return self.state.base / f"{self.cluster_name}-head-{job}.log"

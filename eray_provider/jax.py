@@ -28,6 +28,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .jax_compat import distributed_initialized, enable_cpu_collectives, initialize_options
@@ -35,6 +36,8 @@ from .jax_compat import distributed_initialized, enable_cpu_collectives, initial
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 60.0
+#: How often a group's ``run`` asks the GCS for drained nodes (``on_drain``).
+DRAIN_POLL_SECONDS = 2.0
 #: How long shutdown waits for killed ranks to be gone before ending rank 0.
 KILL_WAIT = 10.0
 ENV_RANK = "ERAY_JAX_RANK"
@@ -49,6 +52,46 @@ _state: dict[str, Any] | None = None
 
 class JaxInitError(RuntimeError):
     """``jax.distributed`` cannot be (or already was) initialized in this process."""
+
+
+@dataclass(frozen=True)
+class DrainNotice:
+    """A node of the group (or this process's node) is being drained: its SLURM job ends at
+    ``deadline`` (epoch seconds; None when SLURM could not tell). Time to checkpoint."""
+
+    node_id: str  # Ray's node id
+    node: str  # the SLURM node's host name, "?" when not known here
+    ranks: tuple[int, ...]  # the group's ranks on it (empty outside a group)
+    deadline: float | None
+
+    def seconds_left(self, now: float | None = None) -> float | None:
+        return None if self.deadline is None else self.deadline - (time.time() if now is None else now)
+
+
+#: The nodes of this process's group (rank order, Ray node ids), set when it joins one.
+_group_nodes: list[str] = []
+
+
+def drain_notice() -> DrainNotice | None:
+    """In a rank of a ``ProcessGroup``: the earliest drain among the group's nodes (one
+    rank's node ending ends the group's collectives); elsewhere in a Ray worker: this
+    node's drain. None when nothing is being drained. One GCS call: poll it every few
+    steps, not every step. eray-provider drains a node ``provider.drain_before_end_s``
+    before its SLURM job's end, or when SLURM signals a preemption."""
+    import ray
+
+    from .ray_compat import draining_nodes
+
+    nodes = _group_nodes or [ray.get_runtime_context().get_node_id()]
+    drains = draining_nodes()
+    found = [
+        DrainNotice(node, "?", tuple(r for r, n in enumerate(_group_nodes) if n == node), drains[node])
+        for node in dict.fromkeys(nodes)
+        if node in drains
+    ]
+    if not found:
+        return None
+    return min(found, key=lambda d: float("inf") if d.deadline is None else d.deadline)
 
 
 class GroupError(RuntimeError):
@@ -327,7 +370,11 @@ def _rank_actor_class():
                 "host": socket.gethostname(),
             }
 
-        def init(self, rank: int, world: int, coordinator: str, timeout: float) -> int:
+        def init(self, rank: int, world: int, coordinator: str, timeout: float, nodes: list[str]) -> int:
+            # the module itself: this class travels by value, with copies of its globals
+            from eray_provider import jax as this_module
+
+            this_module._group_nodes[:] = nodes
             initialize(rank, world, coordinator_address=coordinator, timeout=timeout)
             import jax
 
@@ -375,7 +422,11 @@ class ProcessGroup:
         cpus_per_process: float = 1,
         timeout: float = DEFAULT_TIMEOUT,
         env_vars: dict[str, str] | None = None,
+        on_drain: Callable[[DrainNotice], None] | None = None,
     ) -> None:
+        """``on_drain``: called in the driver, once per node, when a node of the group
+        starts draining (its SLURM job nears its end or is preempted) while ``run`` waits;
+        the ranks themselves can poll ``drain_notice()``."""
         import ray
 
         if not ray.is_initialized():
@@ -397,6 +448,10 @@ class ProcessGroup:
         self.pg = None
         self.actors: list = []  # in rank order once started
         self.nodes: list[str] = []  # SLURM node (host name) of each rank
+        self.node_ids: list[str] = []  # Ray node id of each rank
+        self.on_drain = on_drain
+        self._drains_told: set[str] = set()
+        self._drain_polled = 0.0
         self._initialized = False
         self._node_order = {
             n["NodeID"]: (int(n.get("Labels", {}).get("slurm-node-index", 10**6)), n["NodeManagerAddress"])
@@ -445,8 +500,10 @@ class ProcessGroup:
             self.actors = [actors[i] for i in order]
             self.nodes = [where[i]["host"] for i in order]
             coordinator = f"{where[order[0]]['ip']}:{self.port}"
+            self.node_ids = [where[i]["node_id"] for i in order]
             refs = [
-                a.init.remote(r, len(actors), coordinator, self.timeout) for r, a in enumerate(self.actors)
+                a.init.remote(r, len(actors), coordinator, self.timeout, self.node_ids)
+                for r, a in enumerate(self.actors)
             ]
             self._gather(refs, deadline, "initialize jax.distributed")
         except BaseException:
@@ -500,6 +557,7 @@ class ProcessGroup:
         results: dict[int, Any] = {}
         pending = list(refs)
         while pending:
+            self.check_drains()
             wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
             for ref in done:
@@ -518,6 +576,34 @@ class ProcessGroup:
                     f"({len(pending)} of {len(refs)} ranks missing)",
                 )
         return [results[r] for r in range(len(refs))]
+
+    def check_drains(self) -> None:
+        """``on_drain`` for each node of the group newly drained (a GCS call each
+        ``DRAIN_POLL_SECONDS`` at most). ``run`` calls it while it waits; a driver that does
+        other work between runs may call it itself. An exception of the callback is logged,
+        not raised: the group's work goes on."""
+        if self.on_drain is None or not self.node_ids:
+            return
+        if time.monotonic() - self._drain_polled < DRAIN_POLL_SECONDS:
+            return
+        self._drain_polled = time.monotonic()
+        from .ray_compat import draining_nodes
+
+        try:
+            drains = draining_nodes()
+        except Exception as e:  # the GCS unreachable for a moment: the next poll
+            logger.debug("draining nodes: %s", e)
+            return
+        for node_id, deadline in drains.items():
+            if node_id in self._drains_told or node_id not in self.node_ids:
+                continue
+            self._drains_told.add(node_id)
+            ranks = tuple(r for r, n in enumerate(self.node_ids) if n == node_id)
+            notice = DrainNotice(node_id, self.nodes[ranks[0]], ranks, deadline)
+            try:
+                self.on_drain(notice)
+            except Exception:
+                logger.exception("on_drain(%s) raised", notice)
 
     def _rank_error(self, rank: int, what: str) -> GroupError:
         node = self.nodes[rank] if rank < len(self.nodes) else "?"
@@ -545,8 +631,10 @@ def run(
     cpus_per_process: float = 1,
     timeout: float = DEFAULT_TIMEOUT,
     env_vars: dict[str, str] | None = None,
+    on_drain: Callable[[DrainNotice], None] | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Start a group, run ``fn`` on every rank, shut the group down; results per rank."""
-    with ProcessGroup(num_processes, gpus_per_process, cpus_per_process, timeout, env_vars) as group:
+    group = ProcessGroup(num_processes, gpus_per_process, cpus_per_process, timeout, env_vars, on_drain)
+    with group:
         return group.run(fn, *args, **kwargs)

@@ -38,6 +38,7 @@ from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
 from .sbatch import elastic_node_id
 from .shared_dir import SharedDir
 from .slurm_cli import host_exclusions, load_allocation
+from .walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
 #: start, its setup commands included, must fit in it).
@@ -241,6 +242,24 @@ def _collect_logs(
         print(f"eray-provider: {node_id}: Ray logs collected into {dest}", flush=True)
 
 
+def _end_watch(gcs: str, args: list[str], ray_env: dict[str, str]) -> subprocess.Popen:
+    """Start ``end_watch`` (the head's watcher, or one node's drain) beside Ray, with the
+    cluster's token variables; it prints into this node's log."""
+    argv = [sys.executable, "-m", "eray_provider.end_watch", gcs, *args]
+    return subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+
+
+def _stop_helper(proc: subprocess.Popen) -> None:
+    """End a helper this process started (our child, by its handle), bounded."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -267,6 +286,8 @@ def main() -> int:
     ray_home: SharedDir | None = None
     provider: dict = {}
     code = 1
+    watcher: subprocess.Popen | None = None
+    drains: list[subprocess.Popen] = []
     try:
         config = state.cluster_config()
         provider = config["provider"]
@@ -327,6 +348,7 @@ def main() -> int:
             autoscaling_config=str(bootstrap) if role == "head" and bootstrap.exists() else None,
             node_index=alloc.node_names.index(node_name),
             metrics_export=bool(provider.get("metrics_export")),
+            end_time=alloc.end_time,
         )
         ray_env.update(spec.env())
         if not provider.get("bind_all_interfaces"):
@@ -358,6 +380,10 @@ def main() -> int:
             argv[0] = beside
         state.check_launchable()  # a teardown that began while this step started wins
         proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+        gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
+        lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
+        if role == "head" and lead > 0:
+            watcher = _end_watch(gcs, ["--lead", str(lead)], ray_env)
 
         stop_asked: list[float] = []
 
@@ -365,13 +391,22 @@ def main() -> int:
             stop_asked.append(time.monotonic())
             proc.send_signal(signum)
 
+        def ending(_signum, _frame):
+            # SLURM's warning of this job's end (walltime.END_SIGNAL): drain this node now
+            print(f"eray-provider: {node_id}: SLURM signalled its job's end", flush=True)
+            drains.append(_end_watch(gcs, ["--node", node_id, "--job", own_job or state.job_id], ray_env))
+
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
+        signal.signal(getattr(signal, f"SIG{END_SIGNAL}"), ending)
         code = _wait_ray(proc, stop_asked)
     except Exception as e:  # reported to the provider through the exit marker
         print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
         code = 1 if code == 0 else code
     finally:
+        for helper in [watcher, *drains]:
+            if helper is not None:
+                _stop_helper(helper)
         try:
             state.write_marker(node_id, "exit", str(code))
         except FileNotFoundError:

@@ -67,11 +67,17 @@ def ray_resources(share: NodeShare, job_id: str, object_store_fraction: float) -
     }
 
 
-def ray_labels(share: NodeShare, job_id: str, index: int | None = None) -> dict[str, str]:
-    """Labels naming the node's SLURM node, job and position in the job's node list."""
+def ray_labels(
+    share: NodeShare, job_id: str, index: int | None = None, end_time: float | None = None
+) -> dict[str, str]:
+    """Labels naming the node's SLURM node, job, position in the job's node list and, when
+    known, when the job ends (``slurm-end-time``, epoch seconds, as SLURM said when the node
+    started: a later preemption or time-limit change is not in it; the drain is)."""
     labels = {"slurm-node": share.name, "slurm-job": str(job_id)}
     if index is not None:
         labels["slurm-node-index"] = str(index)
+    if end_time is not None:
+        labels["slurm-end-time"] = str(int(end_time))
     return labels
 
 
@@ -110,6 +116,8 @@ class StartSpec:
     #: Prometheus metrics export (``provider.metrics_export``): off by default, because the
     #: endpoint answers anyone who can reach the node's address, without the token
     metrics_export: bool = False
+    #: when the node's job ends (epoch seconds), for the ``slurm-end-time`` label
+    end_time: float | None = None
 
     def argv(self) -> list[str]:
         heap, store = memory_split(self.share, self.object_store_fraction)
@@ -118,6 +126,7 @@ class StartSpec:
             for k, v in ray_resources(self.share, self.job_id, self.object_store_fraction).items()
             if k not in ("CPU", "GPU", "memory", "object_store_memory")
         }
+        labels = ray_labels(self.share, self.job_id, self.node_index, self.end_time)
         args = ["ray", "start", "--block", "--disable-usage-stats"]
         if self.role == "head":
             args += ["--head", f"--port={self.plan.gcs}"]
@@ -134,8 +143,7 @@ class StartSpec:
             f"--num-cpus={self.share.cpus}",
             f"--num-gpus={self.share.gpus}",
             f"--resources={json.dumps(res, sort_keys=True)}",
-            "--labels="
-            + ",".join(f"{k}={v}" for k, v in ray_labels(self.share, self.job_id, self.node_index).items()),
+            "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
         ]
         if heap is not None:
             args += [f"--memory={heap}", f"--object-store-memory={store}"]

@@ -389,6 +389,12 @@ class SlurmNodeProvider(NodeProvider):
 
     def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+        drained = self.state.drained()
+        if drained:
+            # the job ends within the drain lead (end_watch drained its workers, whose
+            # raylets stop once idle): a new node would be drained again at once
+            logger.info("not launching %d worker(s): %s", count, drained)
+            return
         with self.state.lock(timeout=120):
             self.state.check_launchable()
             self._drop_views()  # under the lock: what other processes wrote counts

@@ -140,6 +140,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def draining_nodes() -> dict[str, float | None]:
+    """Ray node id (hex) -> drain deadline (epoch seconds; None: no deadline) of every node
+    being drained, from the GCS through Ray's private state API (the one Ray Train's and
+    Ray Data's own preemption handling read, 2.52 to 2.60). Needs a connected driver or
+    worker."""
+    import ray._private.state
+
+    raw = ray._private.state.state.get_draining_nodes()
+    return {node: (deadline / 1000 if deadline else None) for node, deadline in raw.items()}
+
+
 def runner_error(msg: str, code: int | None = None, command: Any = None) -> Exception:
     """The error Ray's updater expects from a failed command runner call
     (``ProcessRunnerError`` with ``msg_type="ssh_command_failed"``); imported when needed, as

@@ -220,6 +220,8 @@ class JobInfo:
     time_left: str = ""
     #: squeue's ``%e``: the (expected) end, ISO local time, or "" when unknown
     end_time: str = ""
+    #: squeue's ``%l``: the time limit, as ``time_left``
+    time_limit: str = ""
 
     @property
     def live(self) -> bool:
@@ -233,7 +235,7 @@ class JobInfo:
 #: ``squeue -o`` format matching ``parse_squeue`` (the name last: it may hold '|'). ``%A``,
 #: not ``%i``: an element of a job array is listed by its own job id (``SLURM_JOB_ID``),
 #: not as ``<array job>_<index>``.
-SQUEUE_FORMAT = "%A|%T|%D|%N|%r|%L|%e|%j"
+SQUEUE_FORMAT = "%A|%T|%D|%N|%r|%L|%e|%l|%j"
 _UNKNOWN = ("", "(null)", "N/A", "NONE", "INVALID", "Unknown")
 
 
@@ -241,10 +243,10 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
     """Lines of ``squeue -h -o SQUEUE_FORMAT`` -> job id -> JobInfo."""
     jobs: dict[str, JobInfo] = {}
     for line in text.splitlines():
-        parts = line.strip().split("|", 7)
-        if len(parts) != 8 or not parts[0].isdigit():
+        parts = line.strip().split("|", 8)
+        if len(parts) != 9 or not parts[0].isdigit():
             continue
-        job_id, state, count, nodelist, reason, left, end, name = parts
+        job_id, state, count, nodelist, reason, left, end, limit, name = parts
         jobs[job_id] = JobInfo(
             job_id=job_id,
             state=state.split()[0] if state else "",
@@ -254,5 +256,6 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
             num_nodes=int(count) if count.isdigit() else 0,
             time_left="" if left in _UNKNOWN else left,
             end_time="" if end in _UNKNOWN else end,
+            time_limit="" if limit in _UNKNOWN else limit,
         )
     return jobs

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, parse_gpu_spec
 from .hostlist import HostlistError, expand
+from .walltime import WalltimeError, parse_duration, parse_timestamp
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=(\S*)")
 _GRES_ITEM = re.compile(r"([^,(]+)(?:\(([^)]*)\))?")
@@ -198,12 +199,19 @@ def parse_job(text: str, job_id: str | None = None) -> Allocation:
     if missing:
         raise AllocationError(f"job {job_id}: no detail line for nodes {missing}")
     ordered = [nodes[n] for n in order] + [v for k, v in nodes.items() if k not in order]
+    try:
+        end = parse_timestamp(first.get("EndTime", ""))
+        limit = parse_duration(first.get("TimeLimit", ""))
+    except WalltimeError as e:
+        raise AllocationError(f"job {job_id}: {e}") from e
     return Allocation(
         job_id=job_id,
         nodes=tuple(ordered),
         partition=first.get("Partition"),
         source="scontrol",
         state=first.get("JobState"),
+        end_time=end,
+        time_limit_s=limit,
     )
 
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from .allocation import Allocation, AllocationError, JobGoneError
 from .ports import Excluded
@@ -190,19 +191,10 @@ def _with_env_details(alloc: Allocation, env: Mapping[str, str]) -> Allocation:
     if from_env is not None:
         types = {n.name: n.gpu_type for n in from_env.nodes}
         nodes = tuple(
-            n
-            if n.gpu_type or not n.gpus or not types.get(n.name)
-            else type(n)(n.name, n.cpus, n.gpus, types[n.name], n.memory_mb, n.gpu_ids)
+            n if n.gpu_type or not n.gpus or not types.get(n.name) else replace(n, gpu_type=types[n.name])
             for n in alloc.nodes
         )
-    return Allocation(
-        job_id=alloc.job_id,
-        nodes=nodes,
-        cluster=cluster,
-        partition=alloc.partition,
-        source=alloc.source,
-        state=alloc.state,
-    )
+    return replace(alloc, nodes=nodes, cluster=cluster)
 
 
 def ephemeral_range() -> tuple[int, int] | None:

@@ -216,7 +216,18 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation:
         cluster=env.get("SLURM_CLUSTER_NAME"),
         partition=env.get("SLURM_JOB_PARTITION") or env.get("SLURM_JOB_PARTITION_HET_GROUP_0"),
         source="environment",
+        end_time=_end_time(env),
     )
+
+
+def _end_time(env: Mapping[str, str]) -> float | None:
+    """``SLURM_JOB_END_TIME`` (epoch seconds; set by Slurm 23.02 and later), else None."""
+    value = env.get("SLURM_JOB_END_TIME", "")
+    if not value:
+        return None
+    if not value.isdigit():
+        raise AllocationError(f"SLURM_JOB_END_TIME={value!r}: expected seconds since the epoch")
+    return float(value) or None
 
 
 def _merge_repeated(nodes: list[NodeShare], job_id: str) -> tuple[NodeShare, ...]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from .names import is_cluster_job
 from .sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
 from .slurm_cli import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
+from .walltime import END_SIGNAL
 
 
 def squeue_user() -> str:
@@ -38,21 +39,38 @@ def batch_script(python: str) -> str:
     )
 
 
-def sbatch_argv(request: SbatchRequest, name: str, log: Path, test_only: bool = False) -> list[str]:
+#: The most seconds before its end that sbatch ``--signal`` takes.
+MAX_SIGNAL_LEAD = 65535
+
+
+def sbatch_argv(
+    request: SbatchRequest, name: str, log: Path, test_only: bool = False, warn_s: float = 0
+) -> list[str]:
+    """The sbatch line of one job. ``warn_s`` > 0: SLURM sends ``walltime.END_SIGNAL`` to its
+    steps that long before its end, and at once when it is preempted (where the site sets
+    ``preempt_send_user_signal``), unless the request's ``extra`` sets ``--signal`` itself."""
     # --export=ALL: the job gets exactly the environment we submit with (clean_env), whatever
     # the site's or the user's SBATCH_EXPORT says
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--open-mode=append"]
     argv.append("--export=ALL")
+    if warn_s > 0 and not any(e.startswith("--signal") for e in request.extra):
+        argv.append(f"--signal={END_SIGNAL}@{min(MAX_SIGNAL_LEAD, max(1, round(warn_s)))}")
     if test_only:
         argv.append("--test-only")
     return [*argv, *request.argv()]
 
 
 def submit(
-    request: SbatchRequest, name: str, script: str, log: Path, env: Mapping[str, str], timeout: float = 60
+    request: SbatchRequest,
+    name: str,
+    script: str,
+    log: Path,
+    env: Mapping[str, str],
+    timeout: float = 60,
+    warn_s: float = 0,
 ) -> str:
     """Submit one job; returns its id. ``SlurmCommandError`` quotes SLURM's refusal."""
-    argv = sbatch_argv(request, name, log)
+    argv = sbatch_argv(request, name, log, warn_s=warn_s)
     try:
         proc = subprocess.run(
             argv, input=script, capture_output=True, text=True, timeout=timeout, env=dict(env)
@@ -89,10 +107,17 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
         raise SlurmCommandError(f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}")
 
 
+def user_jobs(ended_too: bool = False, timeout: float | None = None) -> dict[str, JobInfo]:
+    """All of the user's jobs squeue lists (one call); with ``ended_too`` the ended ones it
+    still remembers as well. ``SlurmCommandError`` when squeue fails: no verdict on a job."""
+    states = ["-t", "all"] if ended_too else []
+    out = run_slurm(["squeue", "-h", "-a", *states, "-u", squeue_user(), "-o", SQUEUE_FORMAT], timeout)
+    return parse_squeue(out)
+
+
 def list_jobs(cluster: str) -> dict[str, JobInfo]:
     """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
-    out = run_slurm(["squeue", "-h", "-a", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
-    return {k: v for k, v in parse_squeue(out).items() if is_cluster_job(v.name, cluster)}
+    return {k: v for k, v in user_jobs().items() if is_cluster_job(v.name, cluster)}
 
 
 def cancel_jobs(job_ids: Sequence[str]) -> None:

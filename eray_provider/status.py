@@ -25,9 +25,9 @@ from .cluster_status import ClusterStatus, down_status, summarize, unreadable_st
 from .launch import gcs_alive
 from .names import check_cluster_name
 from .node_logs import collected, logs_root
-from .sbatch import SQUEUE_FORMAT, JobInfo, parse_squeue
-from .slurm_cli import SlurmCommandError, known_cluster_name, run_slurm
-from .slurm_jobs import squeue_user
+from .sbatch import JobInfo
+from .slurm_cli import SlurmCommandError, known_cluster_name
+from .slurm_jobs import user_jobs
 
 #: Seconds one head's GCS may take to answer ``status``.
 GCS_TIMEOUT = 20.0
@@ -59,12 +59,6 @@ def state_dirs(base: Path) -> list[tuple[str, str, Path]]:
         if (path / "state.json").exists() or logs_root(path).is_dir():
             found.append((name, job, path))
     return found
-
-
-def list_user_jobs() -> dict[str, JobInfo]:
-    """All of the user's jobs squeue still knows, ended ones included (one call)."""
-    out = run_slurm(["squeue", "-h", "-a", "-t", "all", "-u", squeue_user(), "-o", SQUEUE_FORMAT])
-    return parse_squeue(out)
 
 
 def _read_markers(state: ClusterState, kind: str) -> dict[str, str]:
@@ -101,7 +95,7 @@ def gather(base: Path | None = None) -> list[ClusterStatus]:
     jobs: dict[str, JobInfo] | None
     squeue_error = ""
     try:
-        jobs = list_user_jobs() if dirs else {}
+        jobs = user_jobs(ended_too=True) if dirs else {}
     except SlurmCommandError as e:
         jobs, squeue_error = None, str(e)
     here = known_cluster_name(os.environ) if dirs else None

@@ -68,13 +68,16 @@ class Cluster:
         line = next(line for line in out.splitlines() if line.startswith("NODES="))
         return json.loads(line[len("NODES=") :])
 
-    def wait_nodes(self, count: int, timeout: float = 180, exclude: set[str] = frozenset()) -> list[dict]:
-        """Poll the GCS (not a sleep) until ``count`` nodes are alive; fail after ``timeout``."""
+    def wait_nodes(
+        self, count: int, timeout: float = 180, exclude: set[str] = frozenset(), at_most: bool = False
+    ) -> list[dict]:
+        """Poll the GCS (not a sleep) until ``count`` nodes are alive (``at_most``: no more
+        than ``count``); fail after ``timeout``."""
         deadline = time.monotonic() + timeout
         nodes: list[dict] = []
         while time.monotonic() < deadline:
             nodes = [n for n in self.alive_nodes() if n["id"] not in exclude]
-            if len(nodes) >= count:
+            if (len(nodes) <= count) if at_most else (len(nodes) >= count):
                 return nodes
             time.sleep(2)
         raise AssertionError(f"{len(nodes)} of {count} nodes alive after {timeout} s: {nodes}")

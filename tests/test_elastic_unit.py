@@ -105,11 +105,12 @@ def test_elastic_node_ids() -> None:
 
 def test_squeue_lines() -> None:
     text = (
-        "12|PENDING|2||Resources|3:00|N/A|eray.c.7.cpu\n"
-        "13|RUNNING|2|n[1-2]|None|2:41|2026-12-03T20:01:30|eray.c.7.cpu\n"
-        "14|PENDING|1||PartitionTimeLimit|INVALID|Unknown|eray.c.7.x|with|bars\n"
-        "15|COMPLETING|1|n3|None|0:00|2026-12-03T19:58:00|eray.c.7.cpu\n"
+        "12|PENDING|2||Resources|3:00|N/A|3:00|eray.c.7.cpu\n"
+        "13|RUNNING|2|n[1-2]|None|2:41|2026-12-03T20:01:30|10:00|eray.c.7.cpu\n"
+        "14|PENDING|1||PartitionTimeLimit|INVALID|Unknown|INVALID|eray.c.7.x|with|bars\n"
+        "15|COMPLETING|1|n3|None|0:00|2026-12-03T19:58:00|5:00|eray.c.7.cpu\n"
         "16|RUNNING|1|n3|None|eray.c.7.cpu\n"  # the six fields of an older format
+        "17|RUNNING|1|n3|None|1:00|2026-12-03T19:58:00|eray.c.7.cpu\n"  # eight
         "garbage line\n"
     )
     jobs = parse_squeue(text)
@@ -117,6 +118,7 @@ def test_squeue_lines() -> None:
     assert jobs["12"].live and not jobs["12"].hopeless and jobs["12"].nodelist == ""
     assert jobs["13"].nodelist == "n[1-2]" and jobs["13"].num_nodes == 2
     assert jobs["13"].time_left == "2:41" and jobs["13"].end_time == "2026-12-03T20:01:30"
+    assert jobs["13"].time_limit == "10:00" and jobs["14"].time_limit == ""
     assert jobs["12"].end_time == "" and jobs["14"].time_left == "" and jobs["14"].end_time == ""
     assert jobs["14"].hopeless and jobs["14"].name == "eray.c.7.x|with|bars"
     assert not jobs["15"].live

@@ -191,7 +191,7 @@ def test_gather_and_prune_remove_only_what_ended(tmp_path: Path, bindir: Path) -
     for name, job in (("live", "5"), ("gone", "6")):
         state = _cluster(base, name, job)
         state.save_ports(choose_plan(job, []))
-    _fake_squeue(bindir, "5|RUNNING|1|n1|None|10:00|2026-12-04T05:00:00|eray.live\n")
+    _fake_squeue(bindir, "5|RUNNING|1|n1|None|10:00|2026-12-04T05:00:00|1:00:00|eray.live\n")
     statuses = gather(base)
     by_name = {s.name: s for s in statuses}
     assert by_name["gone"].state == "ended" and by_name["live"].state in ("head-gone", "unreachable")

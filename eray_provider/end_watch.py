@@ -1,0 +1,196 @@
+"""Drain Ray nodes before their SLURM jobs end: the head's watcher, and a node's own drain.
+
+``python -m eray_provider.end_watch GCS --lead S`` runs beside the head's Ray for the
+cluster's life (``node_run`` starts it and stops it by PID). Every ``WATCH_SECONDS`` it
+lists the alive Ray nodes with their ``slurm-job`` labels (one GCS call) and the user's
+jobs (one ``squeue``), and drains through Ray's drain API every node whose job ends
+within the lead, the job's end as the deadline (``walltime.due_drains``): a fixed
+allocation's nodes together, each elastic worker by its own job. The lead of a job is at
+most half its time limit. A failed squeue leaves every node as it is (it is no verdict),
+and the watcher tries again next round.
+
+``--node INSTANCE_ID --job J`` drains that one node now, whatever the lead: what a node
+does when SLURM sends it ``walltime.END_SIGNAL`` (``--signal=URG@N``, or a preemption under
+``preempt_send_user_signal``). The deadline is the job's ``EndTime`` (which a preemption
+moves to now plus its grace time), or none when squeue cannot tell.
+
+Each drain is printed (into the node's log) and recorded as the node's ``drain`` marker in
+the cluster's state dir, which ``eray-provider status`` shows. Run with the cluster's
+token variables in the environment, like ``gcs_probe``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .cluster_state import ClusterState
+from .port_probe import port_open
+from .sbatch import JobInfo
+from .slurm_cli import SlurmCommandError
+from .slurm_jobs import user_jobs
+from .walltime import (
+    Drain,
+    RayNode,
+    WalltimeError,
+    drain_message,
+    due_drains,
+    effective_lead,
+    parse_duration,
+    parse_timestamp,
+)
+
+WATCH_SECONDS = 10.0
+#: How long the watcher waits for the GCS to open before it gives up.
+GCS_WAIT_SECONDS = 600.0
+
+
+def say(text: str) -> None:
+    print(f"eray-provider: {text}", flush=True)
+
+
+def alive_nodes(client) -> list[RayNode]:
+    """The alive Ray nodes but the head, and the SLURM job each belongs to (its
+    ``slurm-job`` label). The head is never drained: a drained node's raylet stops once it
+    is idle, and the head's holds the drivers and the autoscaler until the job's end (Ray's
+    own autoscaler never drains it either)."""
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    infos = client.get_all_node_info(timeout=10, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    return [
+        RayNode(info.node_id.hex(), info.instance_id, info.labels.get("slurm-job", ""))
+        for info in infos.values()
+        if info.labels.get("slurm-job") and not info.is_head_node
+    ]
+
+
+def job_ends(jobs: dict[str, JobInfo], wanted: set[str], lead: float) -> tuple[dict, dict]:
+    """(job -> end, job -> lead) for the ``wanted`` jobs squeue listed; a time that cannot
+    be read is said and left unknown."""
+    ends: dict[str, float | None] = {}
+    leads: dict[str, float] = {}
+    for job in wanted & set(jobs):
+        info = jobs[job]
+        try:
+            ends[job] = parse_timestamp(info.end_time)
+            leads[job] = effective_lead(lead, parse_duration(info.time_limit))
+        except WalltimeError as e:
+            say(f"job {job}: {e}")
+    return ends, leads
+
+
+def request(client, drain: Drain, state: ClusterState | None) -> bool:
+    """Ask the GCS to drain one node (reason: preemption, the SLURM job's end); record it."""
+    from ray.core.generated import autoscaler_pb2
+
+    node = drain.node
+    try:
+        accepted, why = client.drain_node(
+            node.node_id,
+            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            drain.message,
+            int(drain.deadline * 1000),
+        )
+    except Exception as e:  # the GCS going away with the cluster: said, tried again next round
+        say(f"draining {node.instance_id} failed: {e}")
+        return False
+    if not accepted:
+        say(f"draining {node.instance_id} was refused: {why}")
+        return False
+    say(f"draining {node.instance_id or node.node_id} (Ray node {node.node_id[:12]}): {drain.message}")
+    if state is not None and node.instance_id:
+        record = {"deadline": drain.deadline, "job": node.job_id, "message": drain.message, "at": time.time()}
+        try:
+            state.write_marker(node.instance_id, "drain", json.dumps(record))
+        except OSError as e:
+            say(f"the drain of {node.instance_id} was not recorded: {e}")
+    return True
+
+
+def _client(address: str):
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + GCS_WAIT_SECONDS
+    while not port_open(host, int(port), timeout=1):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"eray-provider: the GCS at {address} did not open in {GCS_WAIT_SECONDS:.0f} s")
+        time.sleep(0.5)
+    from ray._raylet import GcsClient
+
+    return GcsClient(address=address)
+
+
+def _state() -> ClusterState | None:
+    env = os.environ
+    if not all(env.get(k) for k in ("ERAY_CLUSTER", "ERAY_JOB_ID", "ERAY_STATE_BASE")):
+        return None
+    return ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
+
+
+def watch(address: str, lead: float, interval: float) -> int:
+    """The head's loop; ends when its parent (the head's ``node_run``) is gone."""
+    parent = os.getppid()
+    client = _client(address)
+    state = _state()
+    drained: dict[str, float] = {}
+    squeue_failed = False
+    while os.getppid() == parent:
+        try:
+            nodes = alive_nodes(client)
+        except Exception:  # the GCS restarting or going away: next round
+            nodes = []
+        if nodes:
+            try:
+                jobs = user_jobs()
+            except SlurmCommandError as e:
+                if not squeue_failed:
+                    say(f"cannot tell when the cluster's jobs end this round: {e}")
+                squeue_failed = True
+            else:
+                squeue_failed = False
+                ends, leads = job_ends(jobs, {n.job_id for n in nodes}, lead)
+                for drain in due_drains(nodes, ends, time.time(), leads, drained):
+                    if request(client, drain, state):
+                        drained[drain.node.node_id] = drain.deadline
+        time.sleep(interval)
+    return 0
+
+
+def drain_self(address: str, instance_id: str, job: str) -> int:
+    """Drain one node now (SLURM signalled its job's end): deadline = the job's end."""
+    client = _client(address)
+    node = next((n for n in alive_nodes(client) if n.instance_id == instance_id), None)
+    if node is None:
+        say(f"{instance_id} is not an alive worker node (the head is not drained): nothing to drain")
+        return 1
+    end = None
+    try:
+        ends, _ = job_ends(user_jobs(), {job}, 0)
+        end = ends.get(job)
+    except SlurmCommandError as e:
+        say(f"cannot tell when job {job} ends ({e}): draining without a deadline")
+    message = f"SLURM signalled the end of job {job}" + (
+        f": {drain_message(job, end, time.time())}" if end else ""
+    )
+    return 0 if request(client, Drain(node, end or 0.0, message), _state()) else 1
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eray_provider.end_watch")
+    ap.add_argument("address", help="the GCS, HOST:PORT")
+    ap.add_argument("--lead", type=float, default=0.0, help="drain this many seconds before a job's end")
+    ap.add_argument("--interval", type=float, default=WATCH_SECONDS)
+    ap.add_argument("--node", help="drain this node (its instance id) now")
+    ap.add_argument("--job", help="with --node: the node's SLURM job")
+    args = ap.parse_args(argv)
+    if args.node:
+        if not args.job:
+            ap.error("--node needs --job")
+        return drain_self(args.address, args.node, args.job)
+    return watch(args.address, args.lead, args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
