@@ -193,7 +193,8 @@ elif cmd == "srun":
 elif cmd == "sbatch":
     sys.stdin.read()
     job = str(@FIRST@ + counter())
-    row = "%s|PENDING|%s|(null)|Priority|INVALID|N/A|UNLIMITED|%s" % (job, value("--nodes="), value("--job-name="))
+    fields = (job, value("--nodes="), value("--job-name="))
+    row = "%s|PENDING|%s|(null)|Priority|INVALID|N/A|UNLIMITED|%s" % fields
     save("jobs", list(jobs.values()) + [row])
     print(job)
 else:

@@ -11,6 +11,9 @@
   returned per rank, everything shut down. A rank that dies or never arrives raises
   ``GroupError`` naming the rank and node within ``timeout`` seconds, and no actor of the
   group is left running.
+- ``drain_notice()`` in a rank, ``ProcessGroup(on_drain=...)`` in the driver: a node of
+  the group is being drained because its SLURM job nears its end or is preempted
+  (``walltime``): time to checkpoint.
 - ``actor_options(rank, world_size)``: options for your own actors; the runtime hook the
   provider installs on every node (``eray_provider.jax_hook``) initializes
   ``jax.distributed`` in such an actor before its ``__init__`` runs.
