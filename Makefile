@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit compat lint demo bench testbed-up testbed-down clean
+.PHONY: test unit compat lint demo bench soak testbed-up testbed-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py
+
+# the long scenarios (a 10-minute replacement soak...): run before a change to them lands
+soak: $(STAMP)
+	$(PY) -m pytest -ra -m soak tests
 
 bench: $(STAMP)
 	$(PY) bench/hostlist_bench.py

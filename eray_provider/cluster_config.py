@@ -114,8 +114,8 @@ def set_launcher_keys(
         out[key] = list(out.get(key) or [])
 
 
-#: The longest drain lead accepted: a week.
-MAX_DRAIN_LEAD_S = 7 * 86400
+#: The longest lead accepted (``drain_before_end_s``, ``replace_before_end_s``...): a week.
+MAX_LEAD_S = 7 * 86400
 
 
 def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
@@ -129,13 +129,18 @@ def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
             f"provider.collect_logs_mb must be a number of MiB from 0 (collect nothing) to {MAX_CAP_MB}, "
             f"got {mb!r}"
         )
-    lead = provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS)
-    if isinstance(lead, bool) or not isinstance(lead, (int, float)) or not 0 <= lead <= MAX_DRAIN_LEAD_S:
+    lead = lead_seconds(provider, "drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS, "never drain")
+    return {"object_store_fraction": float(value), "collect_logs_mb": mb, "drain_before_end_s": lead}
+
+
+def lead_seconds(provider: dict[str, Any], key: str, default: float, zero: str) -> float:
+    """``provider.<key>``: seconds from 0 (``zero`` says what 0 means) to a week."""
+    value = provider.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_LEAD_S:
         raise ClusterConfigError(
-            "provider.drain_before_end_s must be a number of seconds from 0 (never drain) to "
-            f"{MAX_DRAIN_LEAD_S}, got {lead!r}"
+            f"provider.{key} must be a number of seconds from 0 ({zero}) to {MAX_LEAD_S}, got {value!r}"
         )
-    return {"object_store_fraction": float(value), "collect_logs_mb": mb, "drain_before_end_s": float(lead)}
+    return float(value)
 
 
 def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = None) -> dict[str, Any]:

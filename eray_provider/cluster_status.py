@@ -25,13 +25,15 @@ Cluster states, in the order they are decided:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .names import parse_worker_job_name
 from .ports import PortPlan
 from .sbatch import TERMINAL_STATES, JobInfo
+from .walltime import format_timestamp
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,12 @@ class NodeStatus:
     slurm_node: str
     #: the SLURM job it runs in
     slurm_job: str
-    #: alive, not-in-ray, exited, pending, job-ended, unknown
+    #: alive, not-in-ray, exited, pending, job-ended, unknown; replacing (an elastic
+    #: worker's replacement, not joined yet), replaced (gone after its replacement joined)
     state: str
     detail: str = ""
+    #: the reason and deadline of its drain (``end_watch``), "" when not drained
+    draining: str = ""
 
 
 @dataclass
@@ -116,6 +121,8 @@ def summarize(
     jobs: Mapping[str, JobInfo] | None,
     alive: Mapping[str, str] | None,
     *,
+    drains: Mapping[str, str] | None = None,
+    handovers: Iterable[str] = (),
     state_dir: str,
     token_file: str,
     logs: list[str] | None = None,
@@ -127,7 +134,8 @@ def summarize(
 
     ``doc`` is its ``state.json``; ``ips`` and ``exits`` map node ids to what their
     ``.ip`` and ``.exit`` markers hold (an address; the exit code of a node whose Ray
-    ended); ``provider`` the provider section of
+    ended), ``drains`` what their ``.drain`` markers hold (JSON), ``handovers`` the elastic
+    replacements whose Ray joined; ``provider`` the provider section of
     its ``cluster.json`` ({} when there is none), ``jobs`` the user's jobs by id as squeue
     listed them (None: squeue failed, ``squeue_error`` says how), ``alive`` node id ->
     address of the nodes the head's GCS lists alive (None: not asked, or no answer, as
@@ -162,10 +170,12 @@ def summarize(
         jobs = None  # another controller's job ids (or none known here): squeue says nothing of them
     job_ended = jobs is not None and (head_job is None or not head_job.live)
     for node_id, rec in records.items():
-        st.nodes.append(_node(node_id, rec, job_id, exits, jobs, alive, job_ended))
-    st.expected = len(st.nodes)
+        st.nodes.append(_node(node_id, rec, job_id, exits, jobs, alive, job_ended, drains or {}))
+    st.nodes = _pairs(st.nodes, records, set(handovers))
+    counted = [n for n in st.nodes if n.state not in ("replacing", "replaced")]
+    st.expected = len(counted)
     if alive is not None:
-        st.alive = sum(1 for n in st.nodes if n.state == "alive")
+        st.alive = sum(1 for n in counted if n.state == "alive")
 
     if elsewhere:
         st.state = "elsewhere"
@@ -212,7 +222,7 @@ def summarize(
             f"the head's GCS at {st.head_address or '?'} did not answer from here: {gcs_error}"
         )
     else:
-        missing = [n for n in st.nodes if n.state != "alive"]
+        missing = [n for n in counted if n.state != "alive"]
         st.state = "degraded" if missing else "running"
         for n in missing:
             where = n.slurm_node or n.slurm_job
@@ -228,14 +238,16 @@ def _node(
     jobs: Mapping[str, JobInfo] | None,
     alive: Mapping[str, str] | None,
     job_ended: bool,
+    drains: Mapping[str, str],
 ) -> NodeStatus:
     own_job = str(rec.get("slurm_job") or "")  # an elastic worker's job of its own
     job = jobs.get(own_job) if (jobs is not None and own_job) else None
     slurm_node = str(rec.get("slurm_node") or (job.nodelist if job else ""))
+    draining = _drain_text(drains.get(node_id))
 
     def node(state: str, detail: str = "") -> NodeStatus:
         return NodeStatus(
-            node_id, str(rec.get("role", "")), slurm_node, own_job or cluster_job, state, detail
+            node_id, str(rec.get("role", "")), slurm_node, own_job or cluster_job, state, detail, draining
         )
 
     if own_job and jobs is not None and (job is None or not job.live):
@@ -247,6 +259,38 @@ def _node(
     if alive is None or job_ended:
         return node("unknown")
     return node("alive" if node_id in alive else "not-in-ray")
+
+
+def _drain_text(marker: str | None) -> str:
+    """``until 2026-12-04T13:20:06: <reason>`` from a ``.drain`` marker."""
+    if not marker:
+        return ""
+    try:
+        record = json.loads(marker)
+        deadline = float(record.get("deadline") or 0)
+        message = str(record.get("message", ""))
+    except (ValueError, TypeError, AttributeError):
+        return "drained"
+    return f"until {format_timestamp(deadline)}: {message}" if deadline else message or "drained"
+
+
+def _pairs(
+    nodes: list[NodeStatus], records: Mapping[str, Mapping[str, Any]], handovers: set[str]
+) -> list[NodeStatus]:
+    """An elastic worker and its replacement count as one node: a replacement not joined
+    yet is ``replacing`` (the old node still counts), an old node gone after its
+    replacement joined is ``replaced`` (the replacement counts)."""
+    by_id = {n.node_id: n for n in nodes}
+    out = []
+    for n in nodes:
+        old = records.get(n.node_id, {}).get("replaces")
+        if old and n.node_id not in handovers and n.state != "alive" and old in by_id:
+            n = replace(n, state="replacing", detail=f"(for {old}: {n.state} {n.detail})".replace(" )", ")"))
+        successor = records.get(n.node_id, {}).get("successor")
+        if successor in handovers and n.state != "alive":
+            n = replace(n, state="replaced", detail=f"(by {successor})")
+        out.append(n)
+    return out
 
 
 def _live_worker_jobs(

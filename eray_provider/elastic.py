@@ -37,7 +37,7 @@ from ray.autoscaler.tags import (
 
 from .allocation import AllocationError, JobGoneError
 from .cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
-from .cluster_state import ClusterState, ensure_private_dir, remove_state_dir
+from .cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
 from .config_cache import cache_path
 from .elastic_config import fill_elastic_config, head_mode, node_request
 from .hostlist import expand
@@ -51,7 +51,16 @@ from .slurm_env import job_id_from_env
 from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
 from .srun import clean_env, job_state
 from .views import LiveView, Memo, ReadOnlyTags
-from .walltime import DEFAULT_DRAIN_LEAD_SECONDS
+from .walltime import (
+    DEFAULT_DRAIN_LEAD_SECONDS,
+    EndingJob,
+    WalltimeError,
+    due_replacements,
+    paired_visibility,
+    parse_duration,
+    parse_timestamp,
+    signal_lead,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +70,8 @@ SUBMIT_GRACE_SECONDS = 30.0
 HEAD_START_TIMEOUT = 900.0
 #: After SLURM refused a node type's job, launches of that type fail this long.
 REFUSED_SECONDS = 600.0
+#: After a replacement's sbatch failed, it is tried again this much later.
+REPLACE_RETRY_SECONDS = 60.0
 #: Placeholder job of a cluster whose head job ``ray up`` has yet to submit.
 NO_JOB = "0"
 _NO_NODES: tuple[list[str], frozenset[str]] = ([], frozenset())
@@ -95,6 +106,13 @@ class SlurmJobProvider(SlurmNodeProvider):
         self._pending_said: dict[str, str] = {}
         self._workers: Memo[dict[str, tuple[JobInfo, str]]] = Memo()
         self._elastic_live = LiveView()
+        self._replaced_for: dict[str, JobInfo] | None = None
+        # replacements come from the head's autoscaler alone (its Ray's environment, from
+        # node_run), never from a CLI's provider (`ray down` must not submit jobs)
+        env = os.environ
+        self._on_head = env.get("ERAY_ROLE") == "head" and env.get("ERAY_CLUSTER") == cluster_name
+        self._replace_retry: dict[str, float] = {}
+        self._to_hand_over: list[str] = []
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -278,7 +296,16 @@ class SlurmJobProvider(SlurmNodeProvider):
             parsed = _parse_node_id(node_id)
             if rec.get("slurm_job") and parsed:
                 candidates.setdefault(node_id, parsed)
-        return [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
+        alive = [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
+        records = self._records()
+        successors = {i: records[i]["replaces"] for i in alive if records.get(i, {}).get("replaces")}
+        if not successors:
+            return alive
+        markers = self.state.markers()
+        ready = [i for i in successors if f"{i}.standby" in markers or f"{i}.handover" in markers]
+        hidden = paired_visibility(successors, alive, ready)
+        self._to_hand_over = [i for i in successors if i not in hidden and f"{i}.handover" not in markers]
+        return [i for i in alive if i not in hidden]
 
     def _round_inputs(self) -> tuple:
         return (*super()._round_inputs(), self._elastic_ids(), self._worker_jobs())
@@ -443,41 +470,148 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _submit_workers(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
         node_type = tags[TAG_RAY_USER_NODE_TYPE]
         request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
-        tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         self._check_refused(node_type)
         self.state.create(slurm_cluster=None if self.state.exists() else known_cluster_name(os.environ))
-        env = node_env(self.state, "worker", {}, {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type})
+        self._submit_jobs(node_type, node_config, tags, math.ceil(count / request.nodes))
+
+    def _submit_jobs(
+        self,
+        node_type: str,
+        node_config: dict[str, Any],
+        tags: dict[str, str],
+        n_jobs: int,
+        replaces: str | None = None,
+    ) -> None:
+        """Submit ``n_jobs`` jobs of a node type and record their nodes (``replaces``: the
+        job these replace, node for node); the type's node config is kept in the state,
+        for the replacements the provider submits on its own (``_replace_ending``)."""
+        request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
+        tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+        extra = {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type}
+        if replaces:
+            extra["ERAY_REPLACES"] = replaces  # node_run stands by until it is shown
+        env = node_env(self.state, "worker", {}, extra)
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
         submitted: list[tuple[str, float]] = []
 
         def add(doc):
+            doc.setdefault("node_configs", {})[node_type] = node_config
             for job, at in submitted:
                 for index in range(request.nodes):
-                    doc["nodes"][elastic_node_id(job, index)] = {
-                        "slurm_job": job,
-                        "role": "worker",
-                        "tags": dict(tags),
-                        "created": at,
-                    }
+                    rec = {"slurm_job": job, "role": "worker", "tags": dict(tags), "created": at}
+                    if replaces:
+                        rec["replaces"] = elastic_node_id(replaces, index)
+                        old = doc["nodes"].get(elastic_node_id(replaces, index))
+                        if old is not None:
+                            old["successor"] = elastic_node_id(job, index)
+                    doc["nodes"][elastic_node_id(job, index)] = rec
 
         try:
-            for _ in range(math.ceil(count / request.nodes)):
+            for _ in range(n_jobs):
                 job = submit(
                     request,
                     name,
                     batch_script(self.python),
                     self.state.logs / "job-%j.log",
                     env,
-                    warn_s=self._drain_lead,
+                    warn_s=self._signal_lead(request),
                 )
                 submitted.append((job, time.time()))
-                logger.info("submitted SLURM job %s for %d %s node(s)", job, request.nodes, node_type)
+                logger.info(
+                    "submitted SLURM job %s for %d %s node(s)%s",
+                    job,
+                    request.nodes,
+                    node_type,
+                    f", to replace job {replaces} before it ends" if replaces else "",
+                )
         finally:
             # one state write for the whole launch (a write per job is O(N) each), also
             # when a later sbatch failed: the jobs already submitted are recorded
             if submitted:
                 self.state.update(add)
                 self._drop_views()
+
+    # ------------------------------------------------------------------ replace
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        """As the base provider's; first, once per squeue listing, the replacements of
+        worker jobs that near their end are submitted (``_replace_ending``)."""
+        if not (self._on_head and self.job_id != NO_JOB and self.state.exists()):
+            return super().non_terminated_nodes(tag_filters)
+        jobs = self._jobs()
+        if jobs is not self._replaced_for:
+            self._replaced_for = jobs
+            self._replace_ending(jobs)
+        nodes = super().non_terminated_nodes(tag_filters)
+        self._hand_over()
+        return nodes
+
+    def _hand_over(self) -> None:
+        """Tell each replacement that this listing shows it to the autoscaler in place of
+        the node it replaces (its ``handover`` marker): its ``node_run``, standing by, starts
+        Ray now. Written after the listing, so that the autoscaler knows the node before
+        its Ray joins (a Ray node it does not know of is taken for one too many)."""
+        for node_id in self._to_hand_over:
+            try:
+                self.state.write_marker(node_id, "handover", str(time.time()))
+                logger.info("%s takes over from %s", node_id, self._records()[node_id].get("replaces"))
+            except OSError as e:
+                logger.warning("could not hand over to %s: %s", node_id, e)
+        self._to_hand_over = []
+
+    def _replace_ending(self, jobs: dict[str, JobInfo]) -> None:
+        """Submit a replacement for each running worker job that ends within
+        ``provider.replace_before_end_s`` (staggered: ``walltime.replacement_leads``), so
+        that its capacity is back before it is lost. The replacement stays hidden from
+        the autoscaler until its Ray node has joined (or the old one is gone); then the
+        old node is hidden and drained (``end_watch``): the autoscaler counts one node of
+        each pair throughout (``walltime.paired_visibility``)."""
+        lead = float(self.provider_config.get("replace_before_end_s", 0))
+        if lead <= 0:
+            return
+        doc = self.state.read()
+        records, configs, markers = doc["nodes"], doc.get("node_configs", {}), self.state.markers()
+        ending = []
+        for job in jobs.values():
+            parsed = parse_worker_job_name(job.name, self.cluster_name)
+            if job.state != "RUNNING" or not parsed or parsed[0] != self.job_id:
+                continue
+            first = elastic_node_id(job.job_id, 0)
+            rec = records.get(first)
+            if rec is None or rec.get("terminated") or rec.get("successor") or f"{first}.exit" in markers:
+                continue
+            if rec.get("replaces") and f"{first}.handover" not in markers:
+                continue  # a replacement whose Ray has not joined yet
+            if f"{first}.drain" in markers:
+                # drained already (preempted, or its end came before a replacement could):
+                # Ray's autoscaler replaces a draining node itself, at once
+                continue
+            if parsed[1] not in configs or time.time() < self._replace_retry.get(job.job_id, 0):
+                continue
+            try:
+                end, limit = parse_timestamp(job.end_time), parse_duration(job.time_limit)
+            except WalltimeError as e:
+                logger.warning("job %s: %s", job.job_id, e)
+                continue
+            if end is not None and limit is not None:
+                ending.append(EndingJob(job.job_id, parsed[1], end, limit))
+        stagger = float(self.provider_config.get("end_stagger_s", 0))
+        for job in due_replacements(ending, time.time(), lead, stagger):
+            rec = records[elastic_node_id(job.job_id, 0)]
+            try:
+                self.state.check_launchable()
+                self._check_refused(job.node_type)
+                self._submit_jobs(job.node_type, configs[job.node_type], rec["tags"], 1, replaces=job.job_id)
+            except ClusterStoppingError:
+                return
+            except (SlurmCommandError, ClusterConfigError) as e:
+                self._replace_retry[job.job_id] = time.time() + REPLACE_RETRY_SECONDS
+                logger.warning(
+                    "could not submit the replacement of job %s (ends in %.0f s; tried again in %.0f s): %s",
+                    job.job_id,
+                    job.end - time.time(),
+                    REPLACE_RETRY_SECONDS,
+                    e,
+                )
 
     # ------------------------------------------------------------------ terminate
     def terminate_nodes(self, node_ids: list[str]) -> None:
@@ -495,6 +629,14 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _terminate_workers(self, by_job: dict[str, list[str]]) -> None:
         jobs = self._worker_jobs()
         records = self._records()
+        shown = self._elastic_view()[1]
+        for ids in list(by_job.values()):
+            for node_id in ids:
+                # a replacement not handed over yet goes with the node it was to replace
+                successor = records.get(node_id, {}).get("successor")
+                parsed = _parse_node_id(successor) if successor else None
+                if parsed and successor not in shown and not records.get(successor, {}).get("terminated"):
+                    by_job.setdefault(parsed[0], []).append(successor)
         whole = []
         for job, ids in by_job.items():
             size = jobs[job][0].num_nodes if job in jobs else len(ids)
@@ -555,6 +697,15 @@ class SlurmJobProvider(SlurmNodeProvider):
             if self.job_id in heads:
                 cancel_jobs([self.job_id])
             self._head_log(self.job_id).unlink(missing_ok=True)
+
+    def _signal_lead(self, request: SbatchRequest) -> float:
+        """The ``--signal`` lead of a worker job (``walltime.signal_lead``)."""
+        try:
+            limit = parse_duration(request.time) if request.time else None
+        except WalltimeError:
+            limit = None  # sbatch's own reading of it: SLURM says at submission
+        replaced = float(self.provider_config.get("replace_before_end_s", 0)) > 0
+        return signal_lead(self._drain_lead, limit, replaced)
 
     @property
     def _drain_lead(self) -> float:

@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from .allocation import Allocation
-from .cluster_config import FILLED, ClusterConfigError, common_provider_keys, select_nodes, set_launcher_keys
+from .cluster_config import (
+    FILLED,
+    ClusterConfigError,
+    common_provider_keys,
+    lead_seconds,
+    select_nodes,
+    set_launcher_keys,
+)
 from .cluster_state import default_base
 from .names import check_cluster_name
 from .node_spec import ray_resources
 from .sbatch import SbatchRequest, SbatchRequestError
+from .walltime import DEFAULT_REPLACE_LEAD_SECONDS, DEFAULT_STAGGER_SECONDS
 
 HEAD_MODES = ("auto", "job", "allocation")
 #: How long a worker job may stay pending before the autoscaler gives up on it (longer
@@ -139,6 +147,10 @@ def fill_elastic_config(
             "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
             "python": python or provider.get("python") or sys.executable,
             **common,
+            "replace_before_end_s": lead_seconds(
+                provider, "replace_before_end_s", DEFAULT_REPLACE_LEAD_SECONDS, "replace once gone"
+            ),
+            "end_stagger_s": lead_seconds(provider, "end_stagger_s", DEFAULT_STAGGER_SECONDS, "no stagger"),
             "pending_timeout_s": _count(
                 provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
             ),

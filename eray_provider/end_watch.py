@@ -9,6 +9,10 @@ allocation's nodes together, each elastic worker by its own job. The lead of a j
 most half its time limit. A failed squeue leaves every node as it is (it is no verdict),
 and the watcher tries again next round.
 
+Each round it also drains each elastic worker whose replacement
+(``replace_before_end_s``) has joined Ray, and drains a worker whose replacement has not
+joined yet at half the lead (``walltime.pending_lead``).
+
 ``--node INSTANCE_ID --job J`` drains that one node now, whatever the lead: what a node
 does when SLURM sends it ``walltime.END_SIGNAL`` (``--signal=URG@N``, or a preemption under
 ``preempt_send_user_signal``). The deadline is the job's ``EndTime`` (which a preemption
@@ -41,6 +45,8 @@ from .walltime import (
     effective_lead,
     parse_duration,
     parse_timestamp,
+    pending_lead,
+    replaced_drains,
 )
 
 WATCH_SECONDS = 10.0
@@ -142,6 +148,8 @@ def watch(address: str, lead: float, interval: float) -> int:
         except Exception:  # the GCS restarting or going away: next round
             nodes = []
         if nodes:
+            ends: dict[str, float | None] = {}
+            leads: dict[str, float] = {}
             try:
                 jobs = user_jobs()
             except SlurmCommandError as e:
@@ -151,11 +159,63 @@ def watch(address: str, lead: float, interval: float) -> int:
             else:
                 squeue_failed = False
                 ends, leads = job_ends(jobs, {n.job_id for n in nodes}, lead)
-                for drain in due_drains(nodes, ends, time.time(), leads, drained):
+            pairs = _pairs(state)
+            if lead > 0 and ends:
+                for drain in due_drains(nodes, ends, time.time(), _leads(leads, nodes, pairs), drained):
                     if request(client, drain, state):
                         drained[drain.node.node_id] = drain.deadline
+                        if pairs is not None:
+                            pairs[1].add(drain.node.instance_id)
+            if pairs is not None:
+                hand_over(client, state, nodes, ends, *pairs)
         time.sleep(interval)
     return 0
+
+
+def _pairs(state: ClusterState | None) -> tuple[dict[str, str], set[str]] | None:
+    """(replacement -> the node it replaces, the nodes drained already) of an elastic
+    cluster's state; None without one (or while it is removed)."""
+    if state is None:
+        return None
+    try:
+        records = state.read()["nodes"]
+        markers = state.markers()
+    except (OSError, ValueError, RuntimeError):
+        return None  # the cluster being torn down
+    successors = {i: r["replaces"] for i, r in records.items() if r.get("replaces")}
+    drained = {m[: -len(".drain")] for m in markers if m.endswith(".drain")}
+    return successors, drained
+
+
+def _leads(leads: dict[str, float], nodes: list[RayNode], pairs) -> dict[str, float]:
+    """The drain lead of each job; ``walltime.pending_lead`` for the job of a node whose
+    replacement has not joined yet."""
+    if not pairs:
+        return leads
+    successors, _drained = pairs
+    joined = {n.instance_id for n in nodes}
+    waiting = {old for new, old in successors.items() if new not in joined}
+    jobs = {n.job_id for n in nodes if n.instance_id in waiting}
+    return {job: pending_lead(lead) if job in jobs else lead for job, lead in leads.items()}
+
+
+def hand_over(
+    client,
+    state: ClusterState,
+    nodes: list[RayNode],
+    ends: dict[str, float | None],
+    successors: dict[str, str],
+    drained: set[str],
+) -> None:
+    """Drain each node whose replacement (elastic ``replace_before_end_s``) has joined Ray
+    (``walltime.replaced_drains``), unless it was drained already (for its job's end, or
+    at SLURM's signal). The provider showed the replacement to the autoscaler in its
+    place before the replacement started Ray."""
+    for drain in replaced_drains(nodes, successors, ends, time.time()):
+        if drain.node.instance_id not in drained:
+            say(f"{drain.node.instance_id} is replaced: {drain.message}")
+            if request(client, drain, state):
+                drained.add(drain.node.instance_id)
 
 
 def drain_self(address: str, instance_id: str, job: str) -> int:

@@ -44,6 +44,8 @@ from .walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 #: start, its setup commands included, must fit in it).
 HEAD_WAIT_SECONDS = 600.0
 HEAD_POLL_SECONDS = 0.25
+#: How long an elastic replacement stands by for the autoscaler to show it (``stand_by``).
+STANDBY_SECONDS = 900.0
 #: How long the head's autoscaler lets a node of a fixed allocation take to run Ray (an
 #: elastic config sets ``provider.pending_timeout_s``): more than a worker's head wait
 #: (``HEAD_WAIT_SECONDS``) plus its setup commands.
@@ -151,6 +153,26 @@ def current_head(state: ClusterState) -> str | None:
     """The node id of the cluster's head: the last recorded one not terminated."""
     heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head" and not r.get("terminated")]
     return heads[-1] if heads else None
+
+
+def stand_by(state: ClusterState, node_id: str, replaces: str) -> None:
+    """A replacement of job ``replaces``'s node (elastic ``replace_before_end_s``) starts
+    Ray only once the head's provider shows it to the autoscaler in that node's place
+    (its ``handover`` marker, written after its ``standby`` marker): a Ray node that the
+    autoscaler does not know of would be taken for one too many of its type, and stopped.
+    Bounded by ``STANDBY_SECONDS``; ``ClusterStoppingError`` when the cluster is being
+    stopped meanwhile."""
+    state.write_marker(node_id, "standby", str(time.time()))
+    print(f"eray-provider: {node_id} replaces job {replaces}'s node: standing by", flush=True)
+    deadline = time.monotonic() + STANDBY_SECONDS
+    while state.read_marker(node_id, "handover") is None:
+        state.check_launchable()
+        if time.monotonic() > deadline:
+            raise NodeRunError(
+                f"{node_id} stood by {STANDBY_SECONDS:.0f} s to replace job {replaces}'s node and the "
+                f"head's autoscaler never showed it (is the head alive? see {state.logs})"
+            )
+        time.sleep(0.5)
 
 
 def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
@@ -378,11 +400,13 @@ def main() -> int:
         beside = os.path.join(os.path.dirname(sys.executable), "ray")
         if os.access(beside, os.X_OK):
             argv[0] = beside
+        if env.get("ERAY_REPLACES"):
+            stand_by(state, node_id, env["ERAY_REPLACES"])
         state.check_launchable()  # a teardown that began while this step started wins
         proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
-        if role == "head" and lead > 0:
+        if role == "head" and (lead > 0 or provider.get("replace_before_end_s", 0) > 0):
             watcher = _end_watch(gcs, ["--lead", str(lead)], ray_env)
 
         stop_asked: list[float] = []

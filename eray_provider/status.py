@@ -83,6 +83,8 @@ def _facts(state: ClusterState) -> dict:
         "doc": state.read(),
         "ips": _read_markers(state, "ip"),
         "exits": _read_markers(state, "exit"),
+        "drains": _read_markers(state, "drain"),
+        "handovers": list(_read_markers(state, "handover")),
         "provider": provider,
         "plan": state.ports(),
     }
@@ -182,6 +184,12 @@ def format_table(statuses: list[ClusterStatus], base: Path | None = None) -> str
         if st.dashboard and st.state not in ("ended", "down"):
             lines.append(f"    dashboard {st.dashboard}  token {st.token_file}")
         lines += [f"    ! {p}" for p in st.problems]
+        lines += [
+            f"    draining {n.node_id} ({n.slurm_node or n.slurm_job}) {n.draining}"
+            for n in st.nodes
+            if n.draining and n.state == "alive"
+        ]
+        lines += [f"    {n.node_id} {n.state} {n.detail}" for n in st.nodes if n.state == "replacing"]
         if st.logs:
             lines.append(
                 f"    logs of {len(st.logs)} node(s): eray-provider logs {st.name} --job {st.job_id}"

@@ -104,6 +104,22 @@ def effective_lead(lead: float, time_limit_s: float | None) -> float:
     return min(lead, time_limit_s / 2)
 
 
+def pending_lead(lead: float) -> float:
+    """The drain lead of a worker whose replacement is pending: half its own. The
+    handover drains it as soon as the replacement has joined; until then it keeps taking
+    work, for as long as it safely can."""
+    return lead / 2
+
+
+def signal_lead(lead: float, time_limit_s: float | None, replaced: bool) -> float:
+    """How long before its end SLURM signals an elastic worker's job (``--signal=URG@``,
+    which drains the node at once): its ``effective_lead``, and ``pending_lead`` of it when
+    a replacement will be submitted. ``time_limit_s``: the request's ``time`` (None: the
+    partition's default)."""
+    own = effective_lead(lead, time_limit_s)
+    return pending_lead(own) if replaced else own
+
+
 @dataclass(frozen=True)
 class RayNode:
     """An alive Ray node as the drain planner needs it."""
@@ -152,3 +168,108 @@ def due_drains(
             continue
         out.append(Drain(node, end, drain_message(node.job_id, end, now)))
     return out
+
+
+# ------------------------------------------------------------- elastic replacement
+#: How long before a worker job's end its replacement job is submitted
+#: (``provider.replace_before_end_s``): the queue wait one expects, at most half the job's
+#: time limit.
+DEFAULT_REPLACE_LEAD_SECONDS = 600
+#: Jobs of one type whose ends lie closer than this are replaced this much apart
+#: (``provider.end_stagger_s``), so that their replacements, and so their ends, spread.
+DEFAULT_STAGGER_SECONDS = 60
+#: The most of a job's time limit that its replacement lead, stagger included, may take.
+MAX_REPLACE_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class EndingJob:
+    """A running worker job of an elastic cluster that has no replacement yet."""
+
+    job_id: str
+    node_type: str
+    end: float  # epoch seconds (squeue's %e)
+    time_limit_s: float
+
+
+def replacement_leads(jobs: Iterable[EndingJob], lead: float, stagger: float) -> dict[str, float]:
+    """Job id -> how long before its end its replacement is submitted.
+
+    Each job's lead is at least its ``effective_lead`` (at most half its time limit).
+    Jobs of one node type are taken by end (then id), from the last: a job whose
+    replacement would end less than ``stagger`` before the next one's (replacements
+    started as submitted, for the same time limit) gets just the lead more that keeps
+    them ``stagger`` apart. So jobs that would end together are replaced ``stagger``
+    apart, their replacements end that far apart, and the ends stay spread over the
+    generations; no lead grows past the least that does it. A lead never exceeds
+    ``MAX_REPLACE_SHARE`` of the time limit (where it would, the spread is less, and
+    the next generation spreads further)."""
+    by_type: dict[str, list[EndingJob]] = {}
+    for job in jobs:
+        by_type.setdefault(job.node_type, []).append(job)
+    out: dict[str, float] = {}
+    for same in by_type.values():
+        same.sort(key=lambda j: (j.end, int(j.job_id) if j.job_id.isdigit() else 0, j.job_id))
+        after: tuple[float, float] | None = None  # (end, lead) of the next job by end
+        for job in reversed(same):
+            own = effective_lead(lead, job.time_limit_s)
+            if after is not None:
+                # replacements end at end - lead + limit: keep this one `stagger` earlier
+                own = max(own, after[1] + stagger - (after[0] - job.end))
+            own = min(own, MAX_REPLACE_SHARE * job.time_limit_s)
+            out[job.job_id] = own
+            after = (job.end, own)
+    return out
+
+
+def due_replacements(jobs: Iterable[EndingJob], now: float, lead: float, stagger: float) -> list[EndingJob]:
+    """The jobs whose replacement is due now (``replacement_leads``); none when ``lead`` is 0."""
+    if lead <= 0:
+        return []
+    jobs = list(jobs)
+    leads = replacement_leads(jobs, lead, stagger)
+    return [j for j in jobs if j.end - now <= leads[j.job_id]]
+
+
+def paired_visibility(successors: Mapping[str, str], alive: Iterable[str], ready: Iterable[str]) -> set[str]:
+    """The node ids to hide from the autoscaler, of a replacement and the node it replaces.
+
+    ``successors``: replacement node id -> the node it replaces. ``alive``: the node ids
+    that live (pending or running). ``ready``: replacements whose job runs and whose
+    ``node_run`` stands by to start Ray (or has started it). The autoscaler sees one node
+    of each pair, so that neither its counts (``min_workers``, ``max_workers``) nor its
+    idle and pending timeouts see a node more: the old one until the replacement is
+    ready or the old one is gone, then the replacement. Ray's autoscaler (v2) stops a
+    Ray node of a type already at its count, so a replacement starts Ray only once it is
+    shown (``node_run``); an old node hidden while its Ray runs is left alone (its
+    instance ended), drained once the replacement has joined, and ends once idle or at
+    its job's end."""
+    alive = set(alive)
+    ready = set(ready)
+    hidden = set()
+    for new, old in successors.items():
+        if new not in alive:
+            continue
+        hidden.add(old if new in ready or old not in alive else new)
+    return hidden
+
+
+def replaced_drains(
+    nodes: Iterable[RayNode], successors: Mapping[str, str], ends: Mapping[str, float | None], now: float
+) -> list[Drain]:
+    """The drains of the nodes whose replacement's Ray node has joined. ``nodes``: the
+    alive Ray nodes; ``successors``: replacement node id -> the node it replaces
+    (provider node ids); ``ends``: job -> end. The old node's deadline is its job's end
+    (none when unknown)."""
+    alive = {n.instance_id: n for n in nodes}
+    drains = []
+    for new, old_id in successors.items():
+        old = alive.get(old_id)
+        if new not in alive or old is None:
+            continue
+        end = ends.get(old.job_id)
+        message = f"replaced by {new} (its SLURM job {alive[new].job_id} has joined)"
+        if end is not None:
+            message += f"; {drain_message(old.job_id, end, now)}"
+        drains.append(Drain(old, end or 0.0, message))
+    return drains

@@ -128,6 +128,51 @@ def test_an_elastic_cluster_shows_its_worker_jobs() -> None:
     assert "node j81-0 (81): pending (Resources)" in st.problems
 
 
+def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:
+    """j80 is being replaced by j90 (pending); j81 was replaced by j91 (joined), drained,
+    and has exited: neither pair degrades the cluster, and the drains are shown."""
+    drain = json.dumps({"deadline": 1.7e9, "message": "replaced by j91-0", "at": 1.7e9 - 60})
+    doc = _doc(
+        ("n1.1", "head", {"slurm_node": "n1"}),
+        ("j80-0", "worker", {"slurm_job": "80", "successor": "j90-0"}),
+        ("j90-0", "worker", {"slurm_job": "90", "replaces": "j80-0"}),
+        ("j81-0", "worker", {"slurm_job": "81", "successor": "j91-0"}),
+        ("j91-0", "worker", {"slurm_job": "91", "replaces": "j81-0"}),
+    )
+    jobs = {
+        "77": _job("77"),
+        "80": _job("80", nodes="n2"),
+        "90": _job("90", "PENDING", "Resources", nodes=""),
+        "91": _job("91", nodes="n3"),
+    }
+    alive = {"n1.1": "a", "j80-0": "b", "j91-0": "c"}
+    st = _summarize(
+        doc=doc,
+        jobs=jobs,
+        alive=alive,
+        provider={"elastic": True},
+        drains={"j80-0": drain},
+        handovers=["j91-0"],
+        exits={"j81-0": "0"},
+    )
+    states = {n.node_id: n.state for n in st.nodes}
+    assert states == {
+        "n1.1": "alive",
+        "j80-0": "alive",
+        "j90-0": "replacing",
+        "j81-0": "replaced",
+        "j91-0": "alive",
+    }
+    assert st.state == "running" and (st.alive, st.expected) == (3, 3), st.problems
+    table = format_table([st])
+    assert "draining j80-0 (n2) until " in table and ": replaced by j91-0" in table, table
+    assert "j90-0 replacing (for j80-0: pending (Resources))" in table, table
+    # the replacement's job ended before it joined: the pair is the old node alone again
+    jobs["90"] = _job("90", "FAILED", nodes="")
+    st = _summarize(doc=doc, jobs=jobs, alive=alive, provider={"elastic": True}, handovers=["j91-0"])
+    assert {n.node_id: n.state for n in st.nodes}["j90-0"] == "replacing"
+
+
 def test_down_clusters_are_prunable_once_their_job_ended() -> None:
     assert down_status("c", "77", "/s", ["n1.1"], {}, True).prunable
     assert down_status("c", "77", "/s", ["n1.1"], {"77": _job("77", "TIMEOUT")}, True).prunable

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -14,14 +15,19 @@ from eray_provider.sbatch import SbatchRequest
 from eray_provider.scontrol import parse_job
 from eray_provider.slurm_jobs import sbatch_argv
 from eray_provider.walltime import (
+    EndingJob,
     RayNode,
     WalltimeError,
     due_drains,
+    due_replacements,
     effective_lead,
     format_duration,
     format_timestamp,
+    paired_visibility,
     parse_duration,
     parse_timestamp,
+    replaced_drains,
+    replacement_leads,
 )
 
 
@@ -98,3 +104,98 @@ def test_drain_lead_is_checked() -> None:
     for bad in (-1, "60", True, 10**7):
         with pytest.raises(ClusterConfigError, match=f"provider.drain_before_end_s .* got {bad!r}"):
             common_provider_keys({"drain_before_end_s": bad})
+
+
+def test_replacements_are_staggered_within_a_type() -> None:
+    end = 10_000.0
+    jobs = [
+        EndingJob("11", "cpu", end, 180),
+        EndingJob("10", "cpu", end, 180),  # same end: the lower id first
+        EndingJob("12", "cpu", end + 10, 180),  # within the stagger of the one before
+        EndingJob("13", "cpu", end + 200, 180),  # far enough: a new run
+        EndingJob("20", "gpu", end, 180),  # another type: its own run
+    ]
+    leads = replacement_leads(jobs, lead=60, stagger=20)
+    assert leads == {"10": 90, "11": 70, "12": 60, "13": 60, "20": 60}
+    # their replacements (started as submitted) end 20 s apart, 13's and 20's far off
+    ends = sorted(j.end - leads[j.job_id] + j.time_limit_s for j in jobs if j.node_type == "cpu")
+    assert [b - a for a, b in itertools.pairwise(ends)] == [20, 20, 190]
+    # the lead is at most half the limit, the stagger at most up to 3/4 of it
+    assert replacement_leads([EndingJob("1", "cpu", end, 100)], 600, 0) == {"1": 50}
+    capped = replacement_leads([EndingJob(str(i), "cpu", end, 100) for i in range(4)], 40, 20)
+    assert capped == {"0": 75, "1": 75, "2": 60, "3": 40}
+    # due: the ones whose end is within their own lead
+    due = due_replacements(jobs, end - 85, lead=60, stagger=20)
+    assert sorted(j.job_id for j in due) == ["10"]
+    assert sorted(j.job_id for j in due_replacements(jobs, end - 70, 60, 20)) == ["10", "11"]
+    assert due_replacements(jobs, end, lead=0, stagger=20) == []
+
+
+def test_staggered_replacements_end_apart() -> None:
+    """Two jobs that end together: their replacements, started when submitted, end a
+    stagger apart, and the next generation is not staggered any more."""
+    limit, lead, stagger = 180.0, 60.0, 30.0
+    gen = [EndingJob("1", "cpu", 1000.0, limit), EndingJob("2", "cpu", 1000.0, limit)]
+    leads = replacement_leads(gen, lead, stagger)
+    nxt = [EndingJob(f"n{j.job_id}", "cpu", j.end - leads[j.job_id] + limit, limit) for j in gen]
+    assert abs(nxt[0].end - nxt[1].end) == stagger
+    assert set(replacement_leads(nxt, lead, stagger).values()) == {lead}
+    # where the cap cuts the spread (3-minute jobs, default leads), later generations
+    # spread further until the ends are a stagger apart
+    limit, lead, stagger = 180.0, 600.0, 60.0
+    gen = [EndingJob("1", "cpu", 1000.0, limit), EndingJob("2", "cpu", 1000.0, limit)]
+    gaps = []
+    for _ in range(4):
+        leads = replacement_leads(gen, lead, stagger)
+        gen = [EndingJob(j.job_id, "cpu", j.end - leads[j.job_id] + limit, limit) for j in gen]
+        gaps.append(abs(gen[0].end - gen[1].end))
+    assert gaps[0] == 45 and gaps[-1] == stagger, gaps
+
+
+def test_the_autoscaler_sees_one_node_of_each_pair() -> None:
+    successors = {"j20-0": "j10-0", "j21-0": "j11-0", "j22-0": "j12-0", "j23-0": "j13-0"}
+    alive = {"j10-0", "j11-0", "j20-0", "j21-0", "j22-0", "j13-0"}
+    hidden = paired_visibility(successors, alive, ready={"j21-0"})
+    # j20 is not ready (old shown); j21 stands by to start Ray (old hidden); j12 is gone (j22 shown);
+    # j23 is not alive (its job ended before it started): the old one stays
+    assert hidden == {"j20-0", "j11-0", "j12-0"}
+    # a chain: j30 replaces j20, which replaced j10
+    chain = {"j20-0": "j10-0", "j30-0": "j20-0"}
+    assert paired_visibility(chain, {"j20-0", "j30-0"}, {"j20-0", "j30-0"}) == {"j10-0", "j20-0"}
+
+
+def test_a_replaced_node_is_drained_once_its_replacement_joined() -> None:
+    old, new = RayNode("aa", "j10-0", "10"), RayNode("bb", "j20-0", "20")
+    successors = {"j20-0": "j10-0", "j21-0": "j11-0"}
+    drains = replaced_drains([old, new], successors, {"10": 1060.0}, 1000.0)
+    assert [(d.node, d.deadline) for d in drains] == [(old, 1060.0)]  # j21 has not joined
+    assert drains[0].message.startswith("replaced by j20-0 (its SLURM job 20 has joined); SLURM job 10 ends")
+    # the old node gone already: nothing to drain; no end known: no deadline
+    assert replaced_drains([new], successors, {}, 1000.0) == []
+    [drain] = replaced_drains([old, new], successors, {}, 1000.0)
+    assert drain.deadline == 0.0 and "ends" not in drain.message
+
+
+def test_replace_keys_are_checked() -> None:
+    from eray_provider.cluster_config import lead_seconds
+
+    assert lead_seconds({}, "replace_before_end_s", 600, "x") == 600
+    for bad in (-1, "60", True, 8 * 86400):
+        with pytest.raises(ClusterConfigError, match=f"provider.end_stagger_s .* got {bad!r}"):
+            lead_seconds({"end_stagger_s": bad}, "end_stagger_s", 60, "no stagger")
+
+
+def test_a_node_being_replaced_drains_later_and_is_signalled_later() -> None:
+    from eray_provider.end_watch import _leads
+    from eray_provider.walltime import signal_lead
+
+    # a 3-minute job: drained 90 s before its end (half the limit), 45 s while replaced
+    assert signal_lead(300, 180, replaced=False) == 90
+    assert signal_lead(300, 180, replaced=True) == 45
+    assert signal_lead(300, None, replaced=True) == 150
+    nodes = [RayNode("a", "j10-0", "10"), RayNode("b", "j11-0", "11"), RayNode("c", "j12-0", "12")]
+    # j10 waits for its replacement j20, j11's (j21) joined, j12 has none
+    nodes.append(RayNode("d", "j21-0", "21"))
+    pairs = ({"j20-0": "j10-0", "j21-0": "j11-0"}, set())
+    assert _leads({"10": 90, "11": 90, "12": 90}, nodes, pairs) == {"10": 45, "11": 90, "12": 90}
+    assert _leads({"10": 90}, nodes, None) == {"10": 90}

@@ -1,0 +1,242 @@
+"""Elastic workers replaced before their SLURM jobs end, on the real test bed.
+
+A worker type with ``min_workers: 2`` and jobs of a short time limit runs a load: the
+provider submits each worker job's replacement ahead of its end (staggered), the
+autoscaler sees one node of each pair, the old node is drained once its replacement has
+joined, and the number of alive workers never drops below 2. ``squeue``, sampled every
+second beside it, shows each replacement running while the job it replaces still runs.
+
+``test_replacement_soak`` is the long version (``make soak``: 3-minute jobs under load for
+10 minutes); ``make test`` runs the short one (2-minute jobs, about 2 minutes)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_elastic_live import ElasticCluster
+from testbed_support import REPO, Testbed
+
+from eray_provider.cluster_state import ClusterState
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+
+class SqueueHistory(threading.Thread):
+    """The cluster's worker jobs as squeue shows them, sampled every second: job ->
+    {first, last} (epoch seconds it was seen RUNNING) and its EndTime."""
+
+    def __init__(self, testbed: Testbed, prefix: str) -> None:
+        super().__init__(daemon=True)
+        self.testbed, self.prefix = testbed, prefix
+        self.jobs: dict[str, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            out = self.testbed.run(["squeue", "-h", "-o", "%i|%T|%e|%j"], check=False).stdout
+            now = time.time()
+            for line in out.splitlines():
+                job, state, end, name = line.split("|", 3)
+                if not name.startswith(self.prefix) or name.endswith(".head") or state != "RUNNING":
+                    continue
+                rec = self.jobs.setdefault(job, {"first": now, "end": end})
+                rec.update(last=now, end=end)
+
+
+def adopted_workers(monitor: str) -> list[str]:
+    """The autoscaler's lines on worker nodes it did not launch or know of (a Ray node that
+    joined before its instance was listed, a node the provider listed anew): none should
+    be, where each pair counts once."""
+    return [
+        line
+        for line in monitor.splitlines()
+        if "allocated unmanaged worker cloud instance from ray node" in line
+        or re.search(r"allocated unmanaged cloud instance :j\d+-\d+", line)
+    ]
+
+
+def run_replacement(
+    testbed: Testbed,
+    tmp_path: Path,
+    name: str,
+    limit: str,
+    seconds: float,
+    provider: dict,
+    workers: int = 2,
+    task_seconds: float = 3,
+    during=None,
+    sbatch: dict | None = None,
+):
+    """Bring up an elastic cluster whose ``cpu`` type has exactly ``workers`` workers of
+    1 CPU and time limit ``limit``; run ``replace_watch`` on it for ``seconds``; call
+    ``during(cluster)`` once the workers joined. Returns (the driver's summary, the squeue
+    history, the state's node records, the state dir's markers, the head's monitor.log,
+    the driver's output, what ``during`` returned)."""
+    cluster = ElasticCluster(testbed, tmp_path, name, idle_timeout_minutes=1, provider=provider)
+    config = yaml.safe_load(cluster.config.read_text())
+    config["available_node_types"]["cpu"].update(min_workers=workers, max_workers=workers)
+    request = {"cpus_per_node": 1, "mem": "600M", "time": limit, **(sbatch or {}).get("cpu", {})}
+    config["available_node_types"]["cpu"]["node_config"]["sbatch"] = request
+    config["available_node_types"]["head"]["node_config"]["sbatch"].update((sbatch or {}).get("head", {}))
+    cluster.config.write_text(yaml.safe_dump(config))
+    history = SqueueHistory(testbed, f"eray.{name}.")
+    driver = None
+    try:
+        cluster.up()
+        (head_job,) = [j for j, n in cluster.jobs().items() if n.endswith(".head")]
+        history.start()
+        argv = ["ray", "submit", str(cluster.config), "tests/drivers/replace_watch.py", "--", str(seconds)]
+        driver = subprocess.Popen(
+            [*argv, str(workers), str(task_seconds)],
+            env=cluster.env,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        lines = []
+        assert driver.stdout is not None
+        for line in driver.stdout:
+            lines.append(line)
+            if line.startswith("JOINED"):
+                break
+        assert lines and lines[-1].startswith("JOINED"), "".join(lines[-60:])
+        happened = during(cluster) if during else None
+        out = "".join(lines) + driver.communicate(timeout=seconds + 300)[0]
+        summary = next((line for line in out.splitlines() if line.startswith("SUMMARY ")), None)
+        assert driver.returncode == 0 and summary, out[-4000:]
+        state_dir = Path.home() / ".eray-provider" / f"{name}-{head_job}"
+        records = json.loads((state_dir / "state.json").read_text())["nodes"]
+        state = ClusterState(name, head_job, state_dir.parent)
+        names = [n for n in state.markers() if n.startswith("j")]
+        markers = {n: state.marker(*n.rsplit(".", 1)).read_text() for n in names}
+        markers.update({f"log:{p.name}": p.read_text() for p in state.logs.iterdir() if p.is_file()})
+        monitor = cluster.exec(
+            "cat $(ls -d /tmp/eray-*/ray/session_latest | head -1)/logs/monitor.log", check=False
+        ).stdout
+    finally:
+        history.stop.set()
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        cluster.down(check=False)
+    assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
+    summary = json.loads(summary[len("SUMMARY ") :])
+    # what a failure needs to be understood, beside the test's own files
+    (tmp_path / "monitor.log").write_text(monitor)
+    (tmp_path / "records.json").write_text(json.dumps(records, indent=1))
+    (tmp_path / "driver.out").write_text(out)
+    return summary, history.jobs, records, markers, monitor, out, happened
+
+
+def check_replacements(summary, jobs, records, markers, monitor, out, _happened, generations: int) -> None:
+    samples = "\n".join(line for line in out.splitlines() if line.startswith("SAMPLE"))
+    # never fewer than 2 alive workers once the first two had joined
+    assert summary["fewest"] >= 2, samples
+    worker_jobs = {rec["slurm_job"] for rec in records.values() if rec.get("slurm_job")}
+    replacing = {
+        rec["slurm_job"]: rec["replaces"].split("-")[0][1:] for rec in records.values() if rec.get("replaces")
+    }
+    first = worker_jobs - set(replacing)
+    # the autoscaler launched the first two; every other job is a replacement
+    assert len(first) == 2, records
+    assert len(replacing) >= generations * 2 - 2, (replacing, samples)
+    seen = summary["seen"]
+    for new, old in replacing.items():
+        if new in jobs and old in jobs:
+            # squeue showed the replacement running while the job it replaces still ran
+            assert jobs[new]["first"] < jobs[old]["last"], (new, old, jobs)
+        if old in seen and seen[old][1] < summary["seconds"] - 2:
+            # the old node left Ray during the observation: drained once its replacement
+            # was shown (handover) and had joined
+            drain = json.loads(markers[f"j{old}-0.drain"])
+            assert drain["message"].startswith(f"replaced by j{new}-0"), drain
+            assert f"j{new}-0.handover" in markers and seen[new][0] <= seen[old][1], (new, old, seen)
+    for old in first:
+        # no job of the first pair ran out its time: each was replaced, and left Ray early
+        assert old in replacing.values(), (old, replacing)
+        assert seen[old][1] < summary["seconds"] - 2, (old, seen)
+    # staggered: the two replacements of the first pair end apart
+    a, b = (jobs[new]["end"] for new, old in replacing.items() if old in first and new in jobs)
+    ends = [time.mktime(time.strptime(e, "%Y-%m-%dT%H:%M:%S")) for e in (a, b)]
+    assert abs(ends[0] - ends[1]) >= 10, (a, b)
+    # tasks ran on the replacements; no launch beyond the pairs' (the autoscaler's log)
+    assert any(summary["ran"].get(new, 0) for new in replacing), summary
+    assert not adopted_workers(monitor), adopted_workers(monitor)
+
+
+def test_workers_are_replaced_before_their_jobs_end(testbed, tmp_path) -> None:
+    provider = {"replace_before_end_s": 60, "end_stagger_s": 20, "drain_before_end_s": 10}
+    result = run_replacement(testbed, tmp_path, "elrepl", "2:00", 110, provider)
+    check_replacements(*result, generations=2)
+
+
+@pytest.mark.soak
+def test_replacement_soak(testbed, tmp_path) -> None:
+    """3-minute worker jobs under load for 10 minutes, with the default leads."""
+    result = run_replacement(testbed, tmp_path, "elsoak", "3:00", 600, {})
+    check_replacements(*result, generations=4)
+
+
+def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_path) -> None:
+    """A job of partition ``urgent`` takes the worker's node: SLURM sends the worker's job
+    SIGURG (``--signal=URG@...``, ``preempt_send_user_signal``) and moves its end to now
+    plus the grace time; the node is drained at once (by itself at the signal, or by the
+    head's watcher), and Ray's autoscaler, seeing it drain, replaces it on another node
+    while it still finishes its task."""
+    part = testbed.run(["scontrol", "show", "partition", "debug"]).stdout
+    grace = int(re.search(r"GraceTime=(\d+)", part).group(1))
+    assert grace > 0, part
+    urgent: list[str] = []
+
+    def preempt(cluster) -> dict:
+        (job,) = [j for j, n in cluster.jobs().items() if n.endswith(".cpu")]
+        node = testbed.run(["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
+        at = time.time()
+        urgent.append(
+            testbed.run(
+                [
+                    *("sbatch", "--parsable", "-p", "urgent", "--exclusive", "-w", node, "-o", "/dev/null"),
+                    *("-J", "eray-test-urgent", "--wrap", "sleep 300"),
+                ]
+            ).stdout.strip()
+        )
+        return {"job": job, "node": node, "at": at}
+
+    sbatch = {"head": {"extra": ["--nodelist=node1"]}, "cpu": {"extra": ["--exclude=node1"]}}
+    try:
+        result = run_replacement(
+            testbed, tmp_path, "elpre", "30:00", 100, {}, 1, 25, during=preempt, sbatch=sbatch
+        )
+    finally:
+        for job in urgent:
+            testbed.cancel(job)
+    summary, jobs, records, markers, monitor, _out, happened = result
+    old, at = happened["job"], happened["at"]
+    # SLURM signalled the job (node_run says so in the job's log) and the node was drained
+    # within the grace time (by itself at the signal, or by the head's watcher, which saw
+    # the end move: whichever came first), its deadline the job's new end
+    assert f"j{old}-0: SLURM signalled its job's end" in markers[f"log:job-{old}.log"], markers.keys()
+    drain = json.loads(markers[f"j{old}-0.drain"])
+    by = (f"SLURM signalled the end of job {old}", f"SLURM job {old} ends")
+    assert drain["message"].startswith(by), drain
+    assert drain["at"] - at < grace, (drain, at)
+    assert abs(drain["deadline"] - (at + grace)) < 10, (drain, at)
+    # the preempted job ended within its grace (and a bit)
+    assert jobs[old]["last"] - at < grace + 15, (jobs[old], at)
+    # replaced: another worker job joined after the preemption and ran tasks, while the
+    # drained node still ran its 25-s task. Ray's autoscaler replaces a draining node
+    # itself, so the provider submits no replacement of its own for it (that would be a
+    # node too many, which the autoscaler would cancel)
+    seen, since = summary["seen"], at - summary["start"]
+    after = [job for job, (first, _last) in seen.items() if job != old and first > since]
+    assert after and any(summary["ran"].get(job, 0) for job in after), summary
+    assert min(seen[job][0] for job in after) <= seen[old][1], seen  # joined before the old one left
+    assert not [r for r in records.values() if r.get("replaces") == f"j{old}-0"], records
+    assert not adopted_workers(monitor), adopted_workers(monitor)
