@@ -112,7 +112,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         env = os.environ
         self._on_head = env.get("ERAY_ROLE") == "head" and env.get("ERAY_CLUSTER") == cluster_name
         self._replace_retry: dict[str, float] = {}
-        self._to_hand_over: list[str] = []
+        #: the replacement node ids of the last view (``_hand_over`` looks at these only)
+        self._replacements: frozenset[str] = frozenset()
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -299,12 +300,12 @@ class SlurmJobProvider(SlurmNodeProvider):
         alive = [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
         records = self._records()
         successors = {i: records[i]["replaces"] for i in alive if records.get(i, {}).get("replaces")}
+        self._replacements = frozenset(successors)
         if not successors:
             return alive
         markers = self.state.markers()
         ready = [i for i in successors if f"{i}.standby" in markers or f"{i}.handover" in markers]
         hidden = paired_visibility(successors, alive, ready)
-        self._to_hand_over = [i for i in successors if i not in hidden and f"{i}.handover" not in markers]
         return [i for i in alive if i not in hidden]
 
     def _round_inputs(self) -> tuple:
@@ -472,20 +473,21 @@ class SlurmJobProvider(SlurmNodeProvider):
         request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
         self._check_refused(node_type)
         self.state.create(slurm_cluster=None if self.state.exists() else known_cluster_name(os.environ))
-        self._submit_jobs(node_type, node_config, tags, math.ceil(count / request.nodes))
+        self._submit_jobs(node_type, node_config, request, tags, math.ceil(count / request.nodes))
 
     def _submit_jobs(
         self,
         node_type: str,
         node_config: dict[str, Any],
+        request: SbatchRequest,
         tags: dict[str, str],
         n_jobs: int,
         replaces: str | None = None,
     ) -> None:
-        """Submit ``n_jobs`` jobs of a node type and record their nodes (``replaces``: the
-        job these replace, node for node); the type's node config is kept in the state,
-        for the replacements the provider submits on its own (``_replace_ending``)."""
-        request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
+        """Submit ``n_jobs`` jobs of ``request`` (node type ``node_type``) and record their
+        nodes (``replaces``: the job these replace, node for node); the type's node config
+        is kept in the state, for the replacements the provider submits on its own
+        (``_replace_ending``)."""
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
         extra = {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type}
         if replaces:
@@ -550,13 +552,17 @@ class SlurmJobProvider(SlurmNodeProvider):
         the node it replaces (its ``handover`` marker): its ``node_run``, standing by, starts
         Ray now. Written after the listing, so that the autoscaler knows the node before
         its Ray joins (a Ray node it does not know of is taken for one too many)."""
-        for node_id in self._to_hand_over:
+        if not self._replacements:
+            return
+        shown, markers = self._elastic_view()[1], self.state.markers()
+        for node_id in self._replacements:
+            if node_id not in shown or f"{node_id}.handover" in markers:
+                continue
             try:
                 self.state.write_marker(node_id, "handover", str(time.time()))
                 logger.info("%s takes over from %s", node_id, self._records()[node_id].get("replaces"))
-            except OSError as e:
+            except OSError as e:  # tried again with the next listing
                 logger.warning("could not hand over to %s: %s", node_id, e)
-        self._to_hand_over = []
 
     def _replace_ending(self, jobs: dict[str, JobInfo]) -> None:
         """Submit a replacement for each running worker job that ends within
@@ -600,7 +606,9 @@ class SlurmJobProvider(SlurmNodeProvider):
             try:
                 self.state.check_launchable()
                 self._check_refused(job.node_type)
-                self._submit_jobs(job.node_type, configs[job.node_type], rec["tags"], 1, replaces=job.job_id)
+                config = configs[job.node_type]
+                request = node_request(self.provider_config, config, job.node_type)
+                self._submit_jobs(job.node_type, config, request, rec["tags"], 1, replaces=job.job_id)
             except ClusterStoppingError:
                 return
             except (SlurmCommandError, ClusterConfigError) as e:

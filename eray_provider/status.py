@@ -84,7 +84,7 @@ def _facts(state: ClusterState) -> dict:
         "ips": _read_markers(state, "ip"),
         "exits": _read_markers(state, "exit"),
         "drains": _read_markers(state, "drain"),
-        "handovers": list(_read_markers(state, "handover")),
+        "handovers": [name[: -len(".handover")] for name in state.markers() if name.endswith(".handover")],
         "provider": provider,
         "plan": state.ports(),
     }
