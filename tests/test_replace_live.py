@@ -73,12 +73,14 @@ def run_replacement(
     task_seconds: float = 3,
     during=None,
     sbatch: dict | None = None,
+    wait_for: str = "JOINED",
 ):
     """Bring up an elastic cluster whose ``cpu`` type has exactly ``workers`` workers of
     1 CPU and time limit ``limit``; run ``replace_watch`` on it for ``seconds``; call
-    ``during(cluster)`` once the workers joined. Returns (the driver's summary, the squeue
-    history, the state's node records, the state dir's markers, the head's monitor.log,
-    the driver's output, what ``during`` returned)."""
+    ``during(cluster)`` once the driver printed ``wait_for`` (the workers joined).
+    Returns (the driver's summary, the squeue history, the state's node records, the
+    state dir's markers, the head's monitor.log, the driver's output, what ``during``
+    returned)."""
     cluster = ElasticCluster(testbed, tmp_path, name, idle_timeout_minutes=1, provider=provider)
     config = yaml.safe_load(cluster.config.read_text())
     config["available_node_types"]["cpu"].update(min_workers=workers, max_workers=workers)
@@ -105,9 +107,9 @@ def run_replacement(
         assert driver.stdout is not None
         for line in driver.stdout:
             lines.append(line)
-            if line.startswith("JOINED"):
+            if wait_for in line:
                 break
-        assert lines and lines[-1].startswith("JOINED"), "".join(lines[-60:])
+        assert lines and wait_for in lines[-1], "".join(lines[-60:])
         happened = during(cluster) if during else None
         out = "".join(lines) + driver.communicate(timeout=seconds + 300)[0]
         summary = next((line for line in out.splitlines() if line.startswith("SUMMARY ")), None)
@@ -212,7 +214,7 @@ def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_pa
     sbatch = {"head": {"extra": ["--nodelist=node1"]}, "cpu": {"extra": ["--exclude=node1"]}}
     try:
         result = run_replacement(
-            testbed, tmp_path, "elpre", "30:00", 100, {}, 1, 25, during=preempt, sbatch=sbatch
+            testbed, tmp_path, "elpre", "30:00", 100, {}, 1, 25, preempt, sbatch, wait_for="TASK STARTED"
         )
     finally:
         for job in urgent:

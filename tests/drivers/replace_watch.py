@@ -25,8 +25,10 @@ TASK_SECONDS = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
 
 @ray.remote(num_cpus=1)
 def work(seconds: float) -> str:
+    job = ray.get_runtime_context().get_node_labels().get("slurm-job", "")
+    print("TASK STARTED", job, flush=True)  # forwarded to the driver's output
     time.sleep(seconds)
-    return ray.get_runtime_context().get_node_labels().get("slurm-job", "")
+    return job
 
 
 def workers(head_job: str) -> tuple[dict[str, str], set[str]]:
