@@ -119,7 +119,9 @@ def main() -> None:
         path.write_text(yaml.safe_dump(config))
         subprocess.run(["ray", "up", "-y", str(path)], env=env, check=True, capture_output=True)
         try:
-            state = next(p for p in (Path.home() / ".eray-provider").glob(f"{NAME}-*") if p.is_dir())
+            # the running cluster's state dir: an earlier run's `ray down` leaves its logs in one
+            dirs = (Path.home() / ".eray-provider").glob(f"{NAME}-*")
+            state = next(p for p in dirs if (p / "state.json").exists())
             a, b = [], []
             for _ in range(args.rounds):  # interleaved, so that drift hits both arms alike
                 a.append(elastic_round(path, env))
