@@ -640,6 +640,9 @@ def elastic_paths(n: int, per_job: int, root: Path, fake: FakeSlurm, count: int,
     b.notes.insert(0, note)
     results.append(b)
 
+    # ---- (b2) the head's round with replacement on (1% of the jobs paired)
+    results.append(replacing_round(config, state, fake, rows, doc, name, per_job, workers, count))
+
     # ---- (g) submit a few more jobs (one sbatch each)
     g = Result(f"(g) SlurmJobProvider create_node of {submit} {per_job}-node jobs")
     if submit:
@@ -677,6 +680,77 @@ def elastic_paths(n: int, per_job: int, root: Path, fake: FakeSlurm, count: int,
         )
     results.append(f)
     return results
+
+
+def replacing_round(
+    config: dict[str, Any],
+    state: ClusterState,
+    fake: FakeSlurm,
+    rows: list[str],
+    doc: dict[str, Any],
+    name: str,
+    per_job: int,
+    workers: int,
+    count: int,
+) -> Result:
+    """(b2): the round of (b) as the head's autoscaler makes it with
+    ``replace_before_end_s`` on: every job has a 1-hour limit and ends in 40 minutes (none
+    due, but each listing weighs them all: ``_replace_ending``), and 1% of them are being
+    replaced by a running job, half of those handed over (old hidden, replacement shown),
+    half standing by (``_hand_over`` looks at them every call). The synthetic state is put
+    back afterwards."""
+    from eray_provider.elastic import SlurmJobProvider
+
+    result = Result(f"(b2) SlurmJobProvider head round, replacing, {workers + 1:,} nodes")
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 2400))
+    timed_rows = [r.replace("|UNLIMITED|Unknown|UNLIMITED|", f"|1:00:00|{end}|1:00:00|") for r in rows]
+    paired = copy.deepcopy(doc)
+    olds = [r.split("|", 1)[0] for r in timed_rows if r.endswith(name)][: max(1, len(rows) // 100)]
+    written = []
+    for j, old in enumerate(olds):
+        new = str(FIRST_ELASTIC_JOB + 900_000 + j)
+        timed_rows.append(f"{new}|RUNNING|{per_job}|cx{j:05d}|None|1:00:00|{end}|1:00:00|{name}")
+        for k in range(per_job):
+            new_id, old_id = elastic_node_id(new, k), elastic_node_id(old, k)
+            rec = {**paired["nodes"][old_id], "slurm_job": new, "replaces": old_id}
+            paired["nodes"][new_id] = rec
+            paired["nodes"][old_id]["successor"] = new_id
+            kinds = ("standby", "handover") if j % 2 == 0 else ("standby",)
+            for kind in kinds:
+                state.write_marker(new_id, kind, "0")
+                written.append((new_id, kind))
+    fake.write("jobs", timed_rows)
+    state.write(paired)
+    env = {"ERAY_ROLE": "head", "ERAY_CLUSTER": ECLUSTER}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        provider = SlurmJobProvider({**config["provider"], "replace_before_end_s": 600}, ECLUSTER)
+        result.check(provider._on_head, "the provider does not take itself for the head's")
+        with timed(result, fake):
+            rounds(result, provider, workers + 1, count, lambda p: (p._jobs(), p._job_steps()))
+        submitted = [c for c in result.calls if c["cmd"] == "sbatch"]
+        result.check(not submitted, f"{len(submitted)} replacements submitted, none was due")
+        handed = sum(1 for _new, kind in written if kind == "handover")
+        all_handed = sum(1 for m in state.markers() if m.endswith(".handover"))
+        result.check(all_handed == len(olds) * per_job, f"{all_handed} handover markers, expected all")
+        result.notes.insert(
+            0,
+            f"{len(olds):,} jobs paired: {handed:,} handed over, {len(olds) * per_job - handed:,} "
+            "standing by (handed over in the first round)",
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        fake.write("jobs", rows)
+        state.write(doc)
+        for m in state.markers():
+            if m.endswith((".standby", ".handover")):
+                state.marker(*m.rsplit(".", 1)).unlink()
+    return result
 
 
 # ---------------------------------------------------------------------------- main

@@ -56,10 +56,11 @@ from .walltime import (
     EndingJob,
     WalltimeError,
     due_replacements,
+    failed_replacements,
     paired_visibility,
     parse_duration,
     parse_timestamp,
-    signal_lead,
+    worker_lead,
 )
 
 logger = logging.getLogger(__name__)
@@ -112,8 +113,11 @@ class SlurmJobProvider(SlurmNodeProvider):
         env = os.environ
         self._on_head = env.get("ERAY_ROLE") == "head" and env.get("ERAY_CLUSTER") == cluster_name
         self._replace_retry: dict[str, float] = {}
-        #: the replacement node ids of the last view (``_hand_over`` looks at these only)
+        #: of the last view: the replacement node ids and the nodes standing by
+        #: (``_hand_over`` looks at these), and the worker nodes alive, shown or hidden
         self._replacements: frozenset[str] = frozenset()
+        self._standing_by: frozenset[str] = frozenset()
+        self._alive_workers: frozenset[str] = frozenset()
         if provider_config.get("job_id"):
             super().__init__(provider_config, cluster_name)
             return
@@ -298,15 +302,22 @@ class SlurmJobProvider(SlurmNodeProvider):
             if rec.get("slurm_job") and parsed:
                 candidates.setdefault(node_id, parsed)
         alive = [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
-        records = self._records()
-        successors = {i: records[i]["replaces"] for i in alive if records.get(i, {}).get("replaces")}
+        successors = self._successors()
+        markers = self.state.markers()
         self._replacements = frozenset(successors)
+        self._alive_workers = frozenset(alive)
+        self._standing_by = frozenset(i for i in alive if f"{i}.standby" in markers)
         if not successors:
             return alive
-        markers = self.state.markers()
         ready = [i for i in successors if f"{i}.standby" in markers or f"{i}.handover" in markers]
-        hidden = paired_visibility(successors, alive, ready)
+        handed = [i for i in successors if f"{i}.handover" in markers]
+        drained = [old for old in successors.values() if f"{old}.drain" in markers]
+        hidden = paired_visibility(successors, alive, ready, handed, drained)
         return [i for i in alive if i not in hidden]
+
+    def _successors(self) -> dict[str, str]:
+        """Replacement node id -> the node it replaces, of the pairs the records hold."""
+        return {i: r["replaces"] for i, r in self._records().items() if r.get("replaces")}
 
     def _round_inputs(self) -> tuple:
         return (*super()._round_inputs(), self._elastic_ids(), self._worker_jobs())
@@ -551,45 +562,86 @@ class SlurmJobProvider(SlurmNodeProvider):
         """Tell each replacement that this listing shows it to the autoscaler in place of
         the node it replaces (its ``handover`` marker): its ``node_run``, standing by, starts
         Ray now. Written after the listing, so that the autoscaler knows the node before
-        its Ray joins (a Ray node it does not know of is taken for one too many)."""
-        if not self._replacements:
+        its Ray joins (a Ray node it does not know of is taken for one too many). A node
+        that stands by without a record of what it replaces (adopted after the state was
+        lost) is handed over once shown, too, rather than standing by for nothing."""
+        shown = self._elastic_view()[1]  # computes the pairs and the nodes standing by
+        waiting = self._replacements | self._standing_by
+        if not waiting:
             return
-        shown, markers = self._elastic_view()[1], self.state.markers()
-        for node_id in self._replacements:
+        markers = self.state.markers()
+        for node_id in waiting:
             if node_id not in shown or f"{node_id}.handover" in markers:
                 continue
             try:
                 self.state.write_marker(node_id, "handover", str(time.time()))
-                logger.info("%s takes over from %s", node_id, self._records()[node_id].get("replaces"))
+                replaces = self._records().get(node_id, {}).get("replaces") or "a node whose record was lost"
+                logger.info("%s takes over from %s", node_id, replaces)
             except OSError as e:  # tried again with the next listing
                 logger.warning("could not hand over to %s: %s", node_id, e)
+
+    def _forget_failed_replacements(self, markers: frozenset[str]) -> None:
+        """Forget the pairs whose replacement ended before it was handed over
+        (``walltime.failed_replacements``): the old node, shown all along, is replaced
+        again ``REPLACE_RETRY_SECONDS`` later, while its end is still ahead."""
+        self._elastic_view()  # computes the pairs and the alive workers
+        handed = [i for i in self._replacements if f"{i}.handover" in markers]
+        failed = failed_replacements(self._successors(), self._alive_workers, handed)
+        if not failed:
+            return
+
+        def forget(doc):
+            for new, old in failed.items():
+                doc["nodes"].get(new, {}).pop("replaces", None)
+                if doc["nodes"].get(old, {}).get("successor") == new:
+                    doc["nodes"][old].pop("successor")
+
+        self.state.update(forget)
+        self._drop_views()
+        for new, old in failed.items():
+            old_job = (_parse_node_id(old) or ("", 0))[0]
+            self._replace_retry[old_job] = time.time() + REPLACE_RETRY_SECONDS
+            again = f": replaced again in {REPLACE_RETRY_SECONDS:.0f} s" if old in self._alive_workers else ""
+            logger.warning("%s, the replacement of %s, ended before it took over%s", new, old, again)
 
     def _replace_ending(self, jobs: dict[str, JobInfo]) -> None:
         """Submit a replacement for each running worker job that ends within
         ``provider.replace_before_end_s`` (staggered: ``walltime.replacement_leads``), so
         that its capacity is back before it is lost. The replacement stays hidden from
-        the autoscaler until its Ray node has joined (or the old one is gone); then the
-        old node is hidden and drained (``end_watch``): the autoscaler counts one node of
-        each pair throughout (``walltime.paired_visibility``)."""
+        the autoscaler until its ``node_run`` stands by (or the old one is gone or
+        drained); then the old node is hidden, and drained once the replacement's Ray has
+        joined (``end_watch``): the autoscaler counts one node of each pair throughout
+        (``walltime.paired_visibility``).
+
+        A job is replaced only whole, and only while every node of it is a plain
+        running worker: none terminated (the autoscaler let a node of a multi-node job
+        go), exited, drained (Ray's autoscaler replaces a draining node itself, at
+        once), replaced already, or itself a replacement that has not taken over."""
         lead = float(self.provider_config.get("replace_before_end_s", 0))
         if lead <= 0:
             return
+        markers = self.state.markers()
+        self._forget_failed_replacements(markers)
         doc = self.state.read()
         records, configs, markers = doc["nodes"], doc.get("node_configs", {}), self.state.markers()
+
+        def replaceable(node_id: str) -> bool:
+            rec = records.get(node_id)
+            return not (
+                rec is None
+                or rec.get("terminated")
+                or rec.get("successor")
+                or f"{node_id}.exit" in markers
+                or f"{node_id}.drain" in markers
+                or (rec.get("replaces") and f"{node_id}.handover" not in markers)
+            )
+
         ending = []
         for job in jobs.values():
             parsed = parse_worker_job_name(job.name, self.cluster_name)
             if job.state != "RUNNING" or not parsed or parsed[0] != self.job_id:
                 continue
-            first = elastic_node_id(job.job_id, 0)
-            rec = records.get(first)
-            if rec is None or rec.get("terminated") or rec.get("successor") or f"{first}.exit" in markers:
-                continue
-            if rec.get("replaces") and f"{first}.handover" not in markers:
-                continue  # a replacement whose Ray has not joined yet
-            if f"{first}.drain" in markers:
-                # drained already (preempted, or its end came before a replacement could):
-                # Ray's autoscaler replaces a draining node itself, at once
+            if not all(replaceable(elastic_node_id(job.job_id, i)) for i in range(max(job.num_nodes, 1))):
                 continue
             if parsed[1] not in configs or time.time() < self._replace_retry.get(job.job_id, 0):
                 continue
@@ -707,13 +759,13 @@ class SlurmJobProvider(SlurmNodeProvider):
             self._head_log(self.job_id).unlink(missing_ok=True)
 
     def _signal_lead(self, request: SbatchRequest) -> float:
-        """The ``--signal`` lead of a worker job (``walltime.signal_lead``)."""
+        """The ``--signal`` lead of a worker job (``walltime.worker_lead``)."""
         try:
             limit = parse_duration(request.time) if request.time else None
         except WalltimeError:
             limit = None  # sbatch's own reading of it: SLURM says at submission
         replaced = float(self.provider_config.get("replace_before_end_s", 0)) > 0
-        return signal_lead(self._drain_lead, limit, replaced)
+        return worker_lead(self._drain_lead, limit, replaced)
 
     @property
     def _drain_lead(self) -> float:

@@ -28,7 +28,7 @@ from .cluster_state import default_base
 from .names import check_cluster_name
 from .node_spec import ray_resources
 from .sbatch import SbatchRequest, SbatchRequestError
-from .walltime import DEFAULT_REPLACE_LEAD_SECONDS, DEFAULT_STAGGER_SECONDS
+from .walltime import DEFAULT_REPLACE_LEAD_SECONDS, DEFAULT_STAGGER_SECONDS, check_replace_lead
 
 HEAD_MODES = ("auto", "job", "allocation")
 #: How long a worker job may stay pending before the autoscaler gives up on it (longer
@@ -97,6 +97,12 @@ def fill_elastic_config(
     provider = out["provider"]
     common = common_provider_keys(provider)
     fraction = common["object_store_fraction"]
+    replace_lead = lead_seconds(
+        provider, "replace_before_end_s", DEFAULT_REPLACE_LEAD_SECONDS, "replace once gone"
+    )
+    clash = check_replace_lead(replace_lead, common["drain_before_end_s"])
+    if clash:
+        raise ClusterConfigError(clash)
     types_in = out.get("available_node_types")
     head_type = out.get("head_node_type")
     if not isinstance(types_in, dict) or head_type not in (types_in or {}):
@@ -147,9 +153,7 @@ def fill_elastic_config(
             "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
             "python": python or provider.get("python") or sys.executable,
             **common,
-            "replace_before_end_s": lead_seconds(
-                provider, "replace_before_end_s", DEFAULT_REPLACE_LEAD_SECONDS, "replace once gone"
-            ),
+            "replace_before_end_s": replace_lead,
             "end_stagger_s": lead_seconds(provider, "end_stagger_s", DEFAULT_STAGGER_SECONDS, "no stagger"),
             "pending_timeout_s": _count(
                 provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"

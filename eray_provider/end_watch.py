@@ -10,8 +10,10 @@ most half its time limit. A failed squeue leaves every node as it is (it is no v
 and the watcher tries again next round.
 
 Each round it also drains each elastic worker whose replacement
-(``replace_before_end_s``) has joined Ray, and drains a worker whose replacement has not
-joined yet at half the lead (``walltime.pending_lead``).
+(``replace_before_end_s``) has joined Ray. With ``--replaced`` (the cluster replaces its
+workers ahead of their end) a worker's lead is half the lead (``walltime.worker_lead``):
+its replacement comes first, and the handover drains it as soon as the replacement has
+joined.
 
 ``--node INSTANCE_ID --job J`` drains that one node now, whatever the lead: what a node
 does when SLURM sends it ``walltime.END_SIGNAL`` (``--signal=URG@N``, or a preemption under
@@ -30,6 +32,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Collection
+from typing import NamedTuple
 
 from .cluster_state import ClusterState
 from .port_probe import port_open
@@ -42,11 +46,10 @@ from .walltime import (
     WalltimeError,
     drain_message,
     due_drains,
-    effective_lead,
     parse_duration,
     parse_timestamp,
-    pending_lead,
     replaced_drains,
+    worker_lead,
 )
 
 WATCH_SECONDS = 10.0
@@ -73,16 +76,19 @@ def alive_nodes(client) -> list[RayNode]:
     ]
 
 
-def job_ends(jobs: dict[str, JobInfo], wanted: set[str], lead: float) -> tuple[dict, dict]:
+def job_ends(
+    jobs: dict[str, JobInfo], wanted: set[str], lead: float, replaced: Collection[str] = ()
+) -> tuple[dict, dict]:
     """(job -> end, job -> lead) for the ``wanted`` jobs squeue listed; a time that cannot
-    be read is said and left unknown."""
+    be read is said and left unknown. ``replaced``: the jobs that are replaced ahead of
+    their end (``walltime.worker_lead``)."""
     ends: dict[str, float | None] = {}
     leads: dict[str, float] = {}
     for job in wanted & set(jobs):
         info = jobs[job]
         try:
             ends[job] = parse_timestamp(info.end_time)
-            leads[job] = effective_lead(lead, parse_duration(info.time_limit))
+            leads[job] = worker_lead(lead, parse_duration(info.time_limit), job in replaced)
         except WalltimeError as e:
             say(f"job {job}: {e}")
     return ends, leads
@@ -135,8 +141,9 @@ def _state() -> ClusterState | None:
     return ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
 
 
-def watch(address: str, lead: float, interval: float) -> int:
-    """The head's loop; ends when its parent (the head's ``node_run``) is gone."""
+def watch(address: str, lead: float, interval: float, replaced: bool = False) -> int:
+    """The head's loop; ends when its parent (the head's ``node_run``) is gone.
+    ``replaced``: the cluster's elastic workers are replaced ahead of their end."""
     parent = os.getppid()
     client = _client(address)
     state = _state()
@@ -148,6 +155,7 @@ def watch(address: str, lead: float, interval: float) -> int:
         except Exception:  # the GCS restarting or going away: next round
             nodes = []
         if nodes:
+            pairs = _pairs(state)
             ends: dict[str, float | None] = {}
             leads: dict[str, float] = {}
             try:
@@ -158,23 +166,33 @@ def watch(address: str, lead: float, interval: float) -> int:
                 squeue_failed = True
             else:
                 squeue_failed = False
-                ends, leads = job_ends(jobs, {n.job_id for n in nodes}, lead)
-            pairs = _pairs(state)
+                workers = pairs.workers if replaced and pairs is not None else set()
+                ends, leads = job_ends(jobs, {n.job_id for n in nodes}, lead, workers)
             if lead > 0 and ends:
-                for drain in due_drains(nodes, ends, time.time(), _leads(leads, nodes, pairs), drained):
+                for drain in due_drains(nodes, ends, time.time(), leads, drained):
                     if request(client, drain, state):
                         drained[drain.node.node_id] = drain.deadline
                         if pairs is not None:
-                            pairs[1].add(drain.node.instance_id)
-            if pairs is not None:
-                hand_over(client, state, nodes, ends, *pairs)
+                            pairs.drained.add(drain.node.instance_id)
+            if pairs is not None and state is not None:
+                hand_over(client, state, nodes, ends, pairs.successors, pairs.drained)
         time.sleep(interval)
     return 0
 
 
-def _pairs(state: ClusterState | None) -> tuple[dict[str, str], set[str]] | None:
-    """(replacement -> the node it replaces, the nodes drained already) of an elastic
-    cluster's state; None without one (or while it is removed)."""
+class Pairs(NamedTuple):
+    """What the watcher reads of an elastic cluster's state each round."""
+
+    #: replacement node id -> the node it replaces
+    successors: dict[str, str]
+    #: the nodes drained already (their ``drain`` markers)
+    drained: set[str]
+    #: the SLURM jobs of the cluster's elastic workers
+    workers: set[str]
+
+
+def _pairs(state: ClusterState | None) -> Pairs | None:
+    """The cluster's ``Pairs``; None without a state (or while it is removed)."""
     if state is None:
         return None
     try:
@@ -184,19 +202,8 @@ def _pairs(state: ClusterState | None) -> tuple[dict[str, str], set[str]] | None
         return None  # the cluster being torn down
     successors = {i: r["replaces"] for i, r in records.items() if r.get("replaces")}
     drained = {m[: -len(".drain")] for m in markers if m.endswith(".drain")}
-    return successors, drained
-
-
-def _leads(leads: dict[str, float], nodes: list[RayNode], pairs) -> dict[str, float]:
-    """The drain lead of each job; ``walltime.pending_lead`` for the job of a node whose
-    replacement has not joined yet."""
-    if not pairs:
-        return leads
-    successors, _drained = pairs
-    joined = {n.instance_id for n in nodes}
-    waiting = {old for new, old in successors.items() if new not in joined}
-    jobs = {n.job_id for n in nodes if n.instance_id in waiting}
-    return {job: pending_lead(lead) if job in jobs else lead for job, lead in leads.items()}
+    workers = {str(r["slurm_job"]) for r in records.values() if r.get("slurm_job")}
+    return Pairs(successors, drained, workers)
 
 
 def hand_over(
@@ -242,6 +249,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("address", help="the GCS, HOST:PORT")
     ap.add_argument("--lead", type=float, default=0.0, help="drain this many seconds before a job's end")
     ap.add_argument("--interval", type=float, default=WATCH_SECONDS)
+    ap.add_argument(
+        "--replaced", action="store_true", help="elastic workers are replaced ahead of time: half the lead"
+    )
     ap.add_argument("--node", help="drain this node (its instance id) now")
     ap.add_argument("--job", help="with --node: the node's SLURM job")
     args = ap.parse_args(argv)
@@ -249,7 +259,7 @@ def main(argv: list[str]) -> int:
         if not args.job:
             ap.error("--node needs --job")
         return drain_self(args.address, args.node, args.job)
-    return watch(args.address, args.lead, args.interval)
+    return watch(args.address, args.lead, args.interval, args.replaced)
 
 
 if __name__ == "__main__":

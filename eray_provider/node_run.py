@@ -406,8 +406,9 @@ def main() -> int:
         proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
-        if role == "head" and (lead > 0 or provider.get("replace_before_end_s", 0) > 0):
-            watcher = _end_watch(gcs, ["--lead", str(lead)], ray_env)
+        replaced = bool(provider.get("elastic")) and provider.get("replace_before_end_s", 0) > 0
+        if role == "head" and (lead > 0 or replaced):
+            watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
 
         stop_asked: list[float] = []
 

@@ -104,20 +104,33 @@ def effective_lead(lead: float, time_limit_s: float | None) -> float:
     return min(lead, time_limit_s / 2)
 
 
-def pending_lead(lead: float) -> float:
-    """The drain lead of a worker whose replacement is pending: half its own. The
-    handover drains it as soon as the replacement has joined; until then it keeps taking
-    work, for as long as it safely can."""
-    return lead / 2
-
-
-def signal_lead(lead: float, time_limit_s: float | None, replaced: bool) -> float:
-    """How long before its end SLURM signals an elastic worker's job (``--signal=URG@``,
-    which drains the node at once): its ``effective_lead``, and ``pending_lead`` of it when
-    a replacement will be submitted. ``time_limit_s``: the request's ``time`` (None: the
-    partition's default)."""
+def worker_lead(lead: float, time_limit_s: float | None, replaced: bool) -> float:
+    """The drain lead of an elastic worker's job, which is also its ``--signal=URG@`` lead
+    (the signal drains the node at once): its ``effective_lead``, and half that when the
+    cluster replaces workers ahead of their end (``replaced``). Then the replacement
+    comes first (``check_replace_lead`` keeps its lead longer) and the handover drains the
+    old node as soon as the replacement has joined; until then the old node keeps taking
+    work for as long as it safely can. ``time_limit_s``: the job's time limit (None:
+    unknown)."""
     own = effective_lead(lead, time_limit_s)
-    return pending_lead(own) if replaced else own
+    return own / 2 if replaced else own
+
+
+def check_replace_lead(replace_lead: float, drain_lead: float) -> str | None:
+    """Why ``replace_before_end_s`` cannot go with ``drain_before_end_s``, or None.
+
+    A worker of a replacing cluster drains at half its drain lead (``worker_lead``), and
+    both leads are capped at half the job's time limit; a replacement lead over half the
+    drain lead is longer than the drain's for every time limit, so the replacement is
+    submitted before the node drains (a node drained first is replaced by Ray's own
+    autoscaler instead, at once and unstaggered)."""
+    if replace_lead <= 0 or drain_lead <= 0 or replace_lead > drain_lead / 2:
+        return None
+    return (
+        f"provider.replace_before_end_s ({replace_lead:g}) must be more than half of "
+        f"provider.drain_before_end_s ({drain_lead:g}): a replaced worker drains at half its "
+        "drain lead, and its replacement must be submitted before that"
+    )
 
 
 @dataclass(frozen=True)
@@ -231,27 +244,52 @@ def due_replacements(jobs: Iterable[EndingJob], now: float, lead: float, stagger
     return [j for j in jobs if j.end - now <= leads[j.job_id]]
 
 
-def paired_visibility(successors: Mapping[str, str], alive: Iterable[str], ready: Iterable[str]) -> set[str]:
+def paired_visibility(
+    successors: Mapping[str, str],
+    alive: Iterable[str],
+    ready: Iterable[str],
+    handed_over: Iterable[str],
+    drained: Iterable[str],
+) -> set[str]:
     """The node ids to hide from the autoscaler, of a replacement and the node it replaces.
 
     ``successors``: replacement node id -> the node it replaces. ``alive``: the node ids
     that live (pending or running). ``ready``: replacements whose job runs and whose
-    ``node_run`` stands by to start Ray (or has started it). The autoscaler sees one node
-    of each pair, so that neither its counts (``min_workers``, ``max_workers``) nor its
-    idle and pending timeouts see a node more: the old one until the replacement is
-    ready or the old one is gone, then the replacement. Ray's autoscaler (v2) stops a
-    Ray node of a type already at its count, so a replacement starts Ray only once it is
-    shown (``node_run``); an old node hidden while its Ray runs is left alone (its
-    instance ended), drained once the replacement has joined, and ends once idle or at
-    its job's end."""
-    alive = set(alive)
-    ready = set(ready)
+    ``node_run`` stands by to start Ray (or has started it). ``handed_over``: the
+    replacements shown to the autoscaler once already (their ``handover`` marker).
+    ``drained``: the nodes drained already.
+
+    The autoscaler sees one node of each pair, so that neither its counts
+    (``min_workers``, ``max_workers``) nor its idle and pending timeouts see a node
+    more: the old one until the replacement is ready, then the replacement. The old one
+    gives way earlier when it is gone or drained (a drained node that the autoscaler
+    saw would be replaced by the autoscaler too: two jobs for one node), and for good
+    once the replacement was handed over: the autoscaler took the old node for ended
+    then, and showing it again, after its replacement died, would be a node that it
+    never launched. A replacement that died before it was handed over leaves the old
+    node shown, as it was all along (the provider forgets the pair, to replace it
+    again). Ray's autoscaler (v2) stops a Ray node of a type already at its count, so a
+    replacement starts Ray only once it is shown (``node_run``); an old node hidden while
+    its Ray runs is left alone (its instance ended), drained once the replacement has
+    joined, and ends once idle or at its job's end."""
+    alive, ready, handed, drained = set(alive), set(ready), set(handed_over), set(drained)
     hidden = set()
     for new, old in successors.items():
-        if new not in alive:
-            continue
-        hidden.add(old if new in ready or old not in alive else new)
+        if new in handed:
+            hidden.add(old)
+        elif new in alive:
+            hidden.add(old if new in ready or old not in alive or old in drained else new)
     return hidden
+
+
+def failed_replacements(
+    successors: Mapping[str, str], alive: Iterable[str], handed_over: Iterable[str]
+) -> dict[str, str]:
+    """The pairs whose replacement ended before it was handed over (its job failed or was
+    cancelled, its ``node_run`` gave up standing by): replacement -> the node it was to
+    replace, which the provider replaces again (after ``REPLACE_RETRY_SECONDS``)."""
+    alive, handed = set(alive), set(handed_over)
+    return {new: old for new, old in successors.items() if new not in alive and new not in handed}
 
 
 def replaced_drains(

@@ -50,16 +50,19 @@ class SqueueHistory(threading.Thread):
                 rec.update(last=now, end=end)
 
 
-def adopted_workers(monitor: str) -> list[str]:
-    """The autoscaler's lines on worker nodes it did not launch or know of (a Ray node that
-    joined before its instance was listed, a node the provider listed anew): none should
-    be, where each pair counts once."""
-    return [
-        line
-        for line in monitor.splitlines()
-        if "allocated unmanaged worker cloud instance from ray node" in line
-        or re.search(r"allocated unmanaged cloud instance :j\d+-\d+", line)
-    ]
+class AutoscalerLog:
+    """What the head's autoscaler (v2) says of its worker instances in monitor.log."""
+
+    def __init__(self, monitor: str) -> None:
+        #: the worker nodes it launched itself (one line per instance it queued)
+        self.launched = re.findall(r"queuing new instance of cpu from scheduler", monitor)
+        #: the nodes it learnt of from the provider's listing: a replacement, shown in its
+        #: old node's place, appears this way (the old one's instance TERMINATED, the same round)
+        self.adopted = re.findall(r"allocated unmanaged cloud instance :(j\d+-\d+)", monitor)
+        #: Ray nodes that joined before the provider listed them (v2 stops such a node of a
+        #: type at its count): none should, as a replacement starts Ray once shown
+        ahead = "allocated unmanaged worker cloud instance from ray node"
+        self.from_ray = [line for line in monitor.splitlines() if ahead in line]
 
 
 def run_replacement(
@@ -120,8 +123,9 @@ def run_replacement(
         names = [n for n in state.markers() if n.startswith("j")]
         markers = {n: state.marker(*n.rsplit(".", 1)).read_text() for n in names}
         markers.update({f"log:{p.name}": p.read_text() for p in state.logs.iterdir() if p.is_file()})
-        monitor = cluster.exec(
-            "cat $(ls -d /tmp/eray-*/ray/session_latest | head -1)/logs/monitor.log", check=False
+        head_node = testbed.run(["squeue", "-h", "-j", head_job, "-o", "%N"]).stdout.strip()
+        monitor = testbed.on_node(
+            head_node, f"cat /tmp/eray-{head_job}-*/ray/session_latest/logs/monitor.log"
         ).stdout
     finally:
         history.stop.set()
@@ -130,6 +134,8 @@ def run_replacement(
         cluster.down(check=False)
     assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}
     summary = json.loads(summary[len("SUMMARY ") :])
+    # the autoscaler's log, read from the head's node: it speaks of the worker instances
+    assert re.search(r"\bj\d+-0\b", monitor), monitor[-3000:]
     # what a failure needs to be understood, beside the test's own files
     (tmp_path / "monitor.log").write_text(monitor)
     (tmp_path / "records.json").write_text(json.dumps(records, indent=1))
@@ -168,9 +174,12 @@ def check_replacements(summary, jobs, records, markers, monitor, out, _happened,
     a, b = (jobs[new]["end"] for new, old in replacing.items() if old in first and new in jobs)
     ends = [time.mktime(time.strptime(e, "%Y-%m-%dT%H:%M:%S")) for e in (a, b)]
     assert abs(ends[0] - ends[1]) >= 10, (a, b)
-    # tasks ran on the replacements; no launch beyond the pairs' (the autoscaler's log)
+    # tasks ran on the replacements; the autoscaler launched the first two workers only, and
+    # learnt of no node but the replacements, each shown in its old node's place
     assert any(summary["ran"].get(new, 0) for new in replacing), summary
-    assert not adopted_workers(monitor), adopted_workers(monitor)
+    log = AutoscalerLog(monitor)
+    assert len(log.launched) == 2 and not log.from_ray, (log.launched, log.from_ray)
+    assert set(log.adopted) <= {f"j{new}-0" for new in replacing}, (log.adopted, replacing)
 
 
 def test_workers_are_replaced_before_their_jobs_end(testbed, tmp_path) -> None:
@@ -241,4 +250,76 @@ def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_pa
     assert after and any(summary["ran"].get(job, 0) for job in after), summary
     assert min(seen[job][0] for job in after) <= seen[old][1], seen  # joined before the old one left
     assert not [r for r in records.values() if r.get("replaces") == f"j{old}-0"], records
-    assert not adopted_workers(monitor), adopted_workers(monitor)
+    log = AutoscalerLog(monitor)  # the first worker, and the autoscaler's own replacement of it
+    assert len(log.launched) == 2 and not log.adopted and not log.from_ray, vars(log)
+
+
+def block_free_cpus(testbed: Testbed) -> list[str]:
+    """Jobs that take every CPU left on the test bed's nodes, so that the next job pends
+    (reason ``Resources``); their ids."""
+    out = testbed.run(["scontrol", "-o", "show", "node"]).stdout
+    blockers = []
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        free = int(fields["CPUTot"]) - int(fields["CPUAlloc"])
+        if free > 0:
+            argv = ["sbatch", "--parsable", "-w", fields["NodeName"], "-n1", f"-c{free}", "--mem=50M"]
+            argv += ["-o", "/dev/null", "-J", "eray-test-block", "--wrap", "sleep 600"]
+            blockers.append(testbed.run(argv).stdout.strip())
+    return blockers
+
+
+def test_a_worker_drained_first_gives_way_to_its_pending_replacement(testbed, tmp_path) -> None:
+    """The replacement of a worker's job is submitted (90 s before its end) but cannot start
+    (every CPU is taken), so the worker drains first (45 s before: half its drain lead).
+    The provider then shows the pending replacement in the drained node's place: Ray's
+    autoscaler, which replaces a draining node it sees, launches nothing more, and one
+    node's capacity is asked of SLURM once. Once the CPUs are free, the replacement runs,
+    takes over at once (it was handed over while pending) and runs tasks."""
+    blockers: list[str] = []
+
+    def starve(cluster) -> dict:
+        (old,) = [j for j, n in cluster.jobs().items() if n.endswith(".cpu")]
+        end_text = testbed.run(["squeue", "-h", "-j", old, "-o", "%e"]).stdout.strip()
+        end = time.mktime(time.strptime(end_text, "%Y-%m-%dT%H:%M:%S"))
+        time.sleep(max(0.0, end - 100 - time.time()))
+        blockers.extend(block_free_cpus(testbed))
+        state = None
+        deadline = end - 30
+        new = None
+        while time.time() < deadline:  # the replacement is submitted, and pends
+            workers = [j for j, n in cluster.jobs().items() if n.endswith(".cpu") and j != old]
+            if workers:
+                new = workers[0]
+                state = testbed.run(["squeue", "-h", "-j", new, "-o", "%T %r"]).stdout.strip()
+                break
+            time.sleep(1)
+        assert new and state and state.startswith("PENDING"), (new, state)
+        time.sleep(max(0.0, end - 45 + 25 - time.time()))  # drained at end - 45, 25 s to react
+        during_drain = sorted(j for j, n in cluster.jobs().items() if n.endswith(".cpu"))
+        for job in blockers:
+            testbed.cancel(job)
+        return {"old": old, "new": new, "pending": state, "jobs": during_drain, "freed": time.time()}
+
+    provider = {"replace_before_end_s": 90, "drain_before_end_s": 100, "end_stagger_s": 0}
+    try:
+        result = run_replacement(testbed, tmp_path, "eldrain", "3:00", 200, provider, 1, 3, starve)
+    finally:
+        for job in blockers:
+            testbed.cancel(job)
+    summary, jobs, records, markers, monitor, _out, happened = result
+    old, new = happened["old"], happened["new"]
+    # the old node drained by its end (the replacement could not start), not by a handover
+    # (by the head's watcher, or at SLURM's --signal of the same lead: whichever came first)
+    drain = json.loads(markers[f"j{old}-0.drain"])
+    by = (f"SLURM job {old} ends", f"SLURM signalled the end of job {old}")
+    assert drain["message"].startswith(by), drain
+    # while it drained, the pending replacement stood in its place: no other job was asked for
+    assert happened["jobs"] == sorted([old, new]), happened
+    assert {rec["slurm_job"] for rec in records.values() if rec.get("slurm_job")} == {old, new}, records
+    assert records[f"j{new}-0"]["replaces"] == f"j{old}-0"
+    # handed over while still pending (shown in the drained node's place), then ran tasks
+    assert float(markers[f"j{new}-0.handover"]) < jobs[new]["first"], (markers, jobs)
+    assert summary["ran"].get(new, 0) > 0, summary
+    log = AutoscalerLog(monitor)  # it launched the first worker only
+    assert len(log.launched) == 1 and log.adopted == [f"j{new}-0"] and not log.from_ray, vars(log)

@@ -11,7 +11,8 @@ One allocation, two clusters whose names extend each other (``pfx`` and ``pfx-b`
   clusters' port plans or to SLURM; each of the cluster's listeners is probed by the other
   user from another node without the token: the authenticated ones refuse, and every one
   that answers is named in the README's security section as unauthenticated;
-- the token file is unreadable to that user;
+- the token file is unreadable to that user, and it can plant no node marker (exit,
+  drain, standby, handover) in the cluster's state dir;
 - ``ray down`` of ``pfx`` leaves every step of ``pfx-b`` running.
 """
 
@@ -243,7 +244,19 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
                 assert look.returncode != 0 and plant.returncode != 0, (node, inner, look.stdout)
                 assert "Permission denied" in look.stderr + plant.stderr, (node, inner, look.stderr)
 
-        # 6. ray down of `pfx` leaves every step of `pfx-b` running
+        # 6. nor can it plant a node's marker, which the providers and node processes act on
+        # (an exit: the node is gone; a drain; an elastic replacement's standby or handover:
+        # it starts Ray), or list the cluster's state dir, where they live
+        for node in NODES[:2]:
+            for kind in ("exit", "drain", "standby", "handover"):
+                target = a.state_dir / "nodes" / f"planted.{kind}"
+                plant = as_other_user(testbed, node, user, f"touch {shlex.quote(str(target))}", check=False)
+                assert plant.returncode != 0 and "Permission denied" in plant.stderr, (node, kind)
+                assert not target.exists()
+            look = as_other_user(testbed, node, user, f"ls {shlex.quote(str(a.state_dir))}", check=False)
+            assert look.returncode != 0 and "Permission denied" in look.stderr, (node, look.stderr)
+
+        # 7. ray down of `pfx` leaves every step of `pfx-b` running
         def steps() -> dict[str, str]:
             out = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"]).stdout
             return dict(line.split(None, 1) for line in out.splitlines() if line.strip())

@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eray_provider.allocation import NodeShare
 from eray_provider.cluster_config import ClusterConfigError, common_provider_keys
+from eray_provider.elastic_config import fill_elastic_config
 from eray_provider.node_spec import ray_labels
 from eray_provider.sbatch import SbatchRequest
 from eray_provider.scontrol import parse_job
@@ -18,9 +20,11 @@ from eray_provider.walltime import (
     EndingJob,
     RayNode,
     WalltimeError,
+    check_replace_lead,
     due_drains,
     due_replacements,
     effective_lead,
+    failed_replacements,
     format_duration,
     format_timestamp,
     paired_visibility,
@@ -28,6 +32,7 @@ from eray_provider.walltime import (
     parse_timestamp,
     replaced_drains,
     replacement_leads,
+    worker_lead,
 )
 
 
@@ -155,13 +160,34 @@ def test_staggered_replacements_end_apart() -> None:
 def test_the_autoscaler_sees_one_node_of_each_pair() -> None:
     successors = {"j20-0": "j10-0", "j21-0": "j11-0", "j22-0": "j12-0", "j23-0": "j13-0"}
     alive = {"j10-0", "j11-0", "j20-0", "j21-0", "j22-0", "j13-0"}
-    hidden = paired_visibility(successors, alive, ready={"j21-0"})
+    hidden = paired_visibility(successors, alive, ready={"j21-0"}, handed_over=(), drained=())
     # j20 is not ready (old shown); j21 stands by to start Ray (old hidden); j12 is gone (j22 shown);
     # j23 is not alive (its job ended before it started): the old one stays
     assert hidden == {"j20-0", "j11-0", "j12-0"}
     # a chain: j30 replaces j20, which replaced j10
     chain = {"j20-0": "j10-0", "j30-0": "j20-0"}
-    assert paired_visibility(chain, {"j20-0", "j30-0"}, {"j20-0", "j30-0"}) == {"j10-0", "j20-0"}
+    assert paired_visibility(chain, {"j20-0", "j30-0"}, {"j20-0", "j30-0"}, (), ()) == {"j10-0", "j20-0"}
+
+
+def test_a_drained_node_gives_way_to_its_pending_replacement() -> None:
+    # j10 drained (SIGURG, or its lead) while j20 still waits in the queue: j20 is shown in
+    # its place, or the autoscaler would replace the draining node too (two jobs for one)
+    pair = {"j20-0": "j10-0"}
+    alive = {"j10-0", "j20-0"}
+    assert paired_visibility(pair, alive, ready=(), handed_over=(), drained={"j10-0"}) == {"j10-0"}
+    assert paired_visibility(pair, alive, ready=(), handed_over=(), drained=()) == {"j20-0"}
+
+
+def test_a_node_handed_over_stays_hidden_when_its_replacement_dies() -> None:
+    pair = {"j20-0": "j10-0"}
+    # j20 took over and then ended (idle-terminated, crashed): j10, still running, is not
+    # shown again (the autoscaler took it for ended, and it would be a node never launched)
+    assert paired_visibility(pair, {"j10-0"}, ready={"j20-0"}, handed_over={"j20-0"}, drained=()) == {"j10-0"}
+    # j20 ended before it took over: j10 is shown, as it was, and the pair is forgotten
+    assert paired_visibility(pair, {"j10-0"}, ready=(), handed_over=(), drained=()) == set()
+    assert failed_replacements(pair, {"j10-0"}, handed_over=()) == {"j20-0": "j10-0"}
+    assert failed_replacements(pair, {"j10-0"}, handed_over={"j20-0"}) == {}
+    assert failed_replacements(pair, {"j10-0", "j20-0"}, handed_over=()) == {}
 
 
 def test_a_replaced_node_is_drained_once_its_replacement_joined() -> None:
@@ -186,16 +212,34 @@ def test_replace_keys_are_checked() -> None:
 
 
 def test_a_node_being_replaced_drains_later_and_is_signalled_later() -> None:
-    from eray_provider.end_watch import _leads
-    from eray_provider.walltime import signal_lead
+    from eray_provider.end_watch import job_ends
+    from eray_provider.sbatch import JobInfo
 
     # a 3-minute job: drained 90 s before its end (half the limit), 45 s while replaced
-    assert signal_lead(300, 180, replaced=False) == 90
-    assert signal_lead(300, 180, replaced=True) == 45
-    assert signal_lead(300, None, replaced=True) == 150
-    nodes = [RayNode("a", "j10-0", "10"), RayNode("b", "j11-0", "11"), RayNode("c", "j12-0", "12")]
-    # j10 waits for its replacement j20, j11's (j21) joined, j12 has none
-    nodes.append(RayNode("d", "j21-0", "21"))
-    pairs = ({"j20-0": "j10-0", "j21-0": "j11-0"}, set())
-    assert _leads({"10": 90, "11": 90, "12": 90}, nodes, pairs) == {"10": 45, "11": 90, "12": 90}
-    assert _leads({"10": 90}, nodes, None) == {"10": 90}
+    assert worker_lead(300, 180, replaced=False) == 90
+    assert worker_lead(300, 180, replaced=True) == 45
+    assert worker_lead(300, None, replaced=True) == 150
+    jobs = {
+        j: JobInfo(j, "RUNNING", "x", "", "", 1, end_time="2026-12-04T13:00:00", time_limit="3:00")
+        for j in ("10", "11")
+    }
+    ends, leads = job_ends(jobs, {"10", "11", "12"}, 300, replaced={"10"})
+    assert leads == {"10": 45, "11": 90} and set(ends) == {"10", "11"}
+
+
+def test_the_replacement_comes_before_the_drain_for_every_time_limit() -> None:
+    assert check_replace_lead(600, 300) is None and check_replace_lead(0, 300) is None
+    assert check_replace_lead(60, 0) is None
+    for replace, drain in ((150, 300), (100, 300)):
+        why = check_replace_lead(replace, drain)
+        assert why and f"replace_before_end_s ({replace})" in why and f"drain_before_end_s ({drain})" in why
+    # a lead over half the drain's is longer than the drain's for every time limit
+    for limit in (60, 100, 180, 300, 600, 1200, 3600):
+        for replace, drain in ((151, 300), (600, 300), (60, 100), (11, 20)):
+            assert effective_lead(replace, limit) > worker_lead(drain, limit, replaced=True), (limit, replace)
+    config = yaml.safe_load(
+        Path(__file__).parents[1].joinpath("cluster_yamls/slurm-autoscale.yaml").read_text()
+    )
+    config["provider"].update(replace_before_end_s=100, drain_before_end_s=300)
+    with pytest.raises(ClusterConfigError, match=r"replace_before_end_s \(100\) must be more than half"):
+        fill_elastic_config(config, None)
