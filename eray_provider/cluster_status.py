@@ -253,7 +253,8 @@ def _node(
     if own_job and jobs is not None and (job is None or not job.live):
         return node("job-ended", f"(job {own_job} {job.state if job else 'is no longer listed'})")
     if job is not None and job.state == "PENDING":
-        return node("pending", f"({job.reason})")
+        # a job SLURM requeued (preempted) pends again: its node comes back when it runs
+        return node("pending", f"({'requeued, ' if rec.get('requeued') else ''}{job.reason})")
     if node_id in exits:
         return node("exited", f"(exit {exits[node_id]})")
     if alive is None or job_ended:

@@ -46,9 +46,17 @@ from .names import check_cluster_name, head_job_name, is_head_job, parse_worker_
 from .provider import Answers, SlurmNodeProvider
 from .ray_compat import cli_logger, require_supported_ray
 from .sbatch import JobInfo, SbatchRequest, elastic_node_id
-from .slurm_cli import SlurmCommandError, known_cluster_name, load_allocation, scontrol_job, slurm_timeout
+from .scontrol import ENDS, PREEMPTED_REQUEUE
+from .slurm_cli import (
+    SlurmCommandError,
+    known_cluster_name,
+    load_allocation,
+    requeue_state,
+    scontrol_job,
+    slurm_timeout,
+)
 from .slurm_env import job_id_from_env
-from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, submit
+from .slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, requeue_job, submit
 from .srun import clean_env, job_state
 from .views import LiveView, Memo, ReadOnlyTags
 from .walltime import (
@@ -265,8 +273,11 @@ class SlurmJobProvider(SlurmNodeProvider):
         was not terminated and its Ray has not ended; a job just submitted counts as
         pending until squeue lists it (at most SUBMIT_GRACE_SECONDS)."""
         rec = self._records().get(node_id, {})
-        if rec.get("terminated") or f"{node_id}.exit" in self.state.markers():
+        markers = self.state.markers()
+        if rec.get("terminated") or f"{node_id}.exit" in markers:
             return False
+        if rec.get("requeued") and f"{node_id}.rerun" not in markers:
+            return False  # requeued by SLURM: hidden until it runs again
         found = self._worker_jobs().get(job)
         if found is not None:
             return index < max(found[0].num_nodes, 1)
@@ -711,18 +722,56 @@ class SlurmJobProvider(SlurmNodeProvider):
                     self._signal_node(node_id, job)
             else:
                 whole.append(job)
-        cancel_jobs(whole)
+        requeued = self._requeued(whole, by_job)
+        cancel_jobs([job for job in whole if job not in requeued])
 
         def mark(doc):
             for job, ids in by_job.items():
                 for node_id in ids:
                     rec = doc["nodes"].setdefault(node_id, {"slurm_job": job, "role": "worker", "tags": {}})
-                    rec.update(terminated=True, created=rec.get("created", time.time()))
+                    rec["created"] = rec.get("created", time.time())
+                    rec["requeued" if job in requeued else "terminated"] = True
 
         if self.state.exists():
             self.state.update(mark)
         self._jobs_cache = (0.0, self._jobs_cache[1])
         self._drop_views()
+
+    def _requeued(self, jobs: list[str], ids: dict[str, list[str]]) -> set[str]:
+        """Of the jobs Ray's autoscaler lets go, those SLURM runs again (preempted where
+        preemption requeues: ``slurm_cli.requeue_state``): requeued now if still in their
+        grace time (``scontrol requeue``: their nodes are free for the job that preempts
+        them at once), never cancelled, as that would undo the site's requeue and lose the
+        job's place in the queue. Their nodes are hidden until they run again (a ``rerun``
+        marker), then shown as the nodes of the same type they were, which the autoscaler
+        adopts. Only a node whose Ray ended or was drained by its job's end is asked about
+        (one ``scontrol`` or two, rare): an autoscaler's scale-down of a live node is not.
+        ``SlurmCommandError`` when SLURM does not answer: no verdict, nothing cancelled."""
+        markers = self.state.markers()
+        asked = [
+            job
+            for job in jobs
+            if any(f"{i}.exit" in markers or f"{i}.drain" in markers for i in ids.get(job, []))
+        ]
+        out = set()
+        for job in asked:
+            verdict = requeue_state(job)
+            if verdict == ENDS:
+                continue
+            out.add(job)
+            for node_id in ids[job]:
+                self.state.marker(node_id, "rerun").unlink(missing_ok=True)
+            if verdict == PREEMPTED_REQUEUE:
+                try:
+                    requeue_job(job)
+                except SlurmCommandError as e:  # SLURM requeues it at the end of its grace
+                    logger.warning("could not requeue job %s now: %s", job, e)
+            logger.info(
+                "job %s is requeued (preempted): not cancelled; %s come back when it runs again",
+                job,
+                ", ".join(ids[job]),
+            )
+        return out
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster (``ray down``): see ``cleanup_cluster_resources``."""

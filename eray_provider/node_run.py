@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 
 from .allocation import Allocation
 from .bind_shim import bind_env, check_preloaded, shim_path
@@ -282,6 +283,17 @@ def _stop_helper(proc: subprocess.Popen) -> None:
             proc.wait(timeout=5)
 
 
+def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> None:
+    """An elastic worker's job that SLURM requeued runs again from the start: what its last
+    run left (its end, its drain) is removed, and a ``rerun`` marker tells the provider,
+    which hid the node since the requeue, to show it again."""
+    state.marker(node_id, "exit").unlink(missing_ok=True)
+    state.marker(node_id, "drain").unlink(missing_ok=True)
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    if restarts.isdigit() and int(restarts) > 0:
+        state.write_marker(node_id, "rerun", restarts)
+
+
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
     for cmd in commands:
         print(f"eray-provider: setup: {cmd}", flush=True)
@@ -317,7 +329,7 @@ def main() -> int:
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")
         if own_job is not None:
-            state.marker(node_id, "exit").unlink(missing_ok=True)  # a requeued job starts again
+            _start_again(state, node_id, env)
             alloc = load_allocation(own_job)
             node_plan = local_port_plan(own_job)
         else:

@@ -1,4 +1,5 @@
-"""Parse what ``scontrol`` prints: jobs (``show job -d``), config, step lists.
+"""Parse what ``scontrol`` prints: jobs (``show job -d``), config, step lists, and whether
+SLURM puts a job back in the queue (``requeue_verdict``).
 
 Pure text-in, values-out; running the commands lives in ``slurm_cli``. The job parser
 is the only per-node source of CPUs, memory and GPU indices for nodes other than the
@@ -73,6 +74,42 @@ def parse_fields(record: str) -> dict[str, str]:
     for key, value in _FIELD.findall(record):
         fields.setdefault(key, value)
     return fields
+
+
+#: Job states of a job that SLURM is putting back in the queue.
+REQUEUE_STATES = ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+
+def being_preempted(job: dict[str, str]) -> bool:
+    """A running job that SLURM preempts (``PreemptTime`` set): it runs out its grace."""
+    return job.get("JobState") == "RUNNING" and job.get("PreemptTime", "None") not in ("", "None", "Unknown")
+
+
+#: ``requeue_verdict``'s answers: SLURM ends the job; it is being preempted and SLURM will
+#: requeue it at the end of its grace time (whoever ends it before must requeue it, not
+#: cancel it); it is requeued already (it pends, or is being put back).
+ENDS, PREEMPTED_REQUEUE, REQUEUED = "ends", "preempted-requeue", "requeued"
+
+
+def requeue_verdict(job: dict[str, str], partition_preempt_mode: str) -> str:
+    """Whether SLURM runs this job again rather than ending it, from its ``scontrol show
+    job`` fields and its partition's ``PreemptMode``: ``REQUEUED`` when it is being
+    requeued, or was and pends (``Restarts`` > 0); ``PREEMPTED_REQUEUE`` when it is being
+    preempted (``PreemptTime`` set: it runs out its ``GraceTime``) where preemption
+    requeues (``REQUEUE`` in the partition's mode) and the job may be requeued
+    (``Requeue=1``: ``sbatch --requeue``, or the site's ``JobRequeue``); else ``ENDS``. A
+    preempted job that ends on its own (or is cancelled) during its grace is not requeued."""
+    state = job.get("JobState", "")
+    restarts = job.get("Restarts", "0")
+    if state in REQUEUE_STATES or (state == "PENDING" and restarts.isdigit() and int(restarts) > 0):
+        return REQUEUED
+    if (
+        being_preempted(job)
+        and job.get("Requeue") == "1"
+        and "REQUEUE" in partition_preempt_mode.upper().split(",")
+    ):
+        return PREEMPTED_REQUEUE
+    return ENDS
 
 
 def _this_job(

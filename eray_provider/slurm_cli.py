@@ -17,7 +17,15 @@ from dataclasses import replace
 
 from .allocation import Allocation, AllocationError, JobGoneError
 from .ports import Excluded
-from .scontrol import parse_config, parse_job, parse_port_range
+from .scontrol import (
+    ENDS,
+    being_preempted,
+    parse_config,
+    parse_fields,
+    parse_job,
+    parse_port_range,
+    requeue_verdict,
+)
 from .slurm_env import allocation_from_env, job_id_from_env
 
 logger = logging.getLogger(__name__)
@@ -143,6 +151,24 @@ def scontrol_job(job_id: str, timeout: float | None = None) -> Allocation:
             raise JobGoneError(f"job {job_id} does not exist (any more): {e}") from e
         raise
     return parse_job(text, str(job_id))
+
+
+def requeue_state(job_id: str, timeout: float | None = None) -> str:
+    """Whether SLURM runs the job again rather than ending it (``scontrol.requeue_verdict``):
+    one ``scontrol show job``, and one ``show partition`` for a job being preempted. A job
+    the controller no longer knows ``ENDS``; ``SlurmCommandError`` when SLURM does not
+    answer (no verdict)."""
+    try:
+        job = parse_fields(run_slurm(["scontrol", "-o", "show", "job", str(job_id)], timeout))
+    except SlurmAnswerError as e:
+        if e.invalid_job:
+            return ENDS
+        raise
+    mode = ""
+    if being_preempted(job):
+        part = run_slurm(["scontrol", "-o", "show", "partition", job.get("Partition", "")], timeout)
+        mode = parse_fields(part).get("PreemptMode", "")
+    return requeue_verdict(job, mode)
 
 
 def load_allocation(

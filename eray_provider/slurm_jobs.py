@@ -1,4 +1,5 @@
-"""Submitting, listing and cancelling the cluster's own SLURM jobs (sbatch, squeue, scancel).
+"""Submitting, listing, cancelling and requeueing the cluster's own SLURM jobs (sbatch,
+squeue, scancel, scontrol requeue).
 
 The elastic provider's only way to get and give back nodes. Each call is one SLURM
 command with a timeout; ``list_jobs`` is one ``squeue`` for all of the user's jobs, so
@@ -129,3 +130,10 @@ def cancel_jobs(job_ids: Sequence[str]) -> None:
         run_slurm(["scancel", *job_ids])
     except SlurmAnswerError:
         pass
+
+
+def requeue_job(job_id: str) -> None:
+    """``scontrol requeue``: the job goes back in the queue now (its steps end) and runs
+    again later, keeping its id and its place in the queue. Tried once: a second try of a
+    requeue that took effect would be refused. ``SlurmCommandError`` with SLURM's words."""
+    run_slurm(["scontrol", "requeue", str(job_id)], attempts=1)

@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
 class SqueueHistory(threading.Thread):
     """The cluster's worker jobs as squeue shows them, sampled every second: job ->
-    {first, last} (epoch seconds it was seen RUNNING) and its EndTime."""
+    {first, last} (epoch seconds it was seen RUNNING), its EndTime, ``running``: each span
+    [first, last] it was seen RUNNING (a requeued job has several), and ``states``: each
+    state it was seen in, with when, in order."""
 
     def __init__(self, testbed: Testbed, prefix: str) -> None:
         super().__init__(daemon=True)
@@ -44,10 +46,17 @@ class SqueueHistory(threading.Thread):
             now = time.time()
             for line in out.splitlines():
                 job, state, end, name = line.split("|", 3)
-                if not name.startswith(self.prefix) or name.endswith(".head") or state != "RUNNING":
+                if not name.startswith(self.prefix) or name.endswith(".head"):
                     continue
-                rec = self.jobs.setdefault(job, {"first": now, "end": end})
-                rec.update(last=now, end=end)
+                rec = self.jobs.setdefault(job, {"states": [], "running": []})
+                if not rec["states"] or rec["states"][-1][0] != state:
+                    rec["states"].append((state, now))
+                    if state == "RUNNING":
+                        rec["running"].append([now, now])
+                if state == "RUNNING":
+                    rec.setdefault("first", now)
+                    rec["running"][-1][1] = now
+                    rec.update(last=now, end=end)
 
 
 class AutoscalerLog:
@@ -77,16 +86,18 @@ def run_replacement(
     during=None,
     sbatch: dict | None = None,
     wait_for: str = "JOINED",
+    most: int | None = None,
 ):
     """Bring up an elastic cluster whose ``cpu`` type has exactly ``workers`` workers of
     1 CPU and time limit ``limit``; run ``replace_watch`` on it for ``seconds``; call
-    ``during(cluster)`` once the driver printed ``wait_for`` (the workers joined).
+    ``during(cluster)`` once the driver printed ``wait_for`` (the workers joined). ``most``:
+    the type's ``max_workers`` when it is not ``workers``.
     Returns (the driver's summary, the squeue history, the state's node records, the
     state dir's markers, the head's monitor.log, the driver's output, what ``during``
     returned)."""
     cluster = ElasticCluster(testbed, tmp_path, name, idle_timeout_minutes=1, provider=provider)
     config = yaml.safe_load(cluster.config.read_text())
-    config["available_node_types"]["cpu"].update(min_workers=workers, max_workers=workers)
+    config["available_node_types"]["cpu"].update(min_workers=workers, max_workers=most or workers)
     request = {"cpus_per_node": 1, "mem": "600M", "time": limit, **(sbatch or {}).get("cpu", {})}
     config["available_node_types"]["cpu"]["node_config"]["sbatch"] = request
     config["available_node_types"]["head"]["node_config"]["sbatch"].update((sbatch or {}).get("head", {}))
@@ -140,6 +151,9 @@ def run_replacement(
     (tmp_path / "monitor.log").write_text(monitor)
     (tmp_path / "records.json").write_text(json.dumps(records, indent=1))
     (tmp_path / "driver.out").write_text(out)
+    for key, text in markers.items():
+        if key.startswith("log:"):
+            (tmp_path / key[len("log:") :]).write_text(text)
     return summary, history.jobs, records, markers, monitor, out, happened
 
 
@@ -157,7 +171,7 @@ def check_replacements(summary, jobs, records, markers, monitor, out, _happened,
     assert len(replacing) >= generations * 2 - 2, (replacing, samples)
     seen = summary["seen"]
     for new, old in replacing.items():
-        if new in jobs and old in jobs:
+        if "first" in jobs.get(new, {}) and "last" in jobs.get(old, {}):
             # squeue showed the replacement running while the job it replaces still ran
             assert jobs[new]["first"] < jobs[old]["last"], (new, old, jobs)
         if old in seen and seen[old][1] < summary["seconds"] - 2:
@@ -171,7 +185,7 @@ def check_replacements(summary, jobs, records, markers, monitor, out, _happened,
         assert old in replacing.values(), (old, replacing)
         assert seen[old][1] < summary["seconds"] - 2, (old, seen)
     # staggered: the two replacements of the first pair end apart
-    a, b = (jobs[new]["end"] for new, old in replacing.items() if old in first and new in jobs)
+    a, b = (jobs[new]["end"] for new, old in replacing.items() if old in first and "end" in jobs.get(new, {}))
     ends = [time.mktime(time.strptime(e, "%Y-%m-%dT%H:%M:%S")) for e in (a, b)]
     assert abs(ends[0] - ends[1]) >= 10, (a, b)
     # tasks ran on the replacements; the autoscaler launched the first two workers only, and
@@ -195,52 +209,76 @@ def test_replacement_soak(testbed, tmp_path) -> None:
     check_replacements(*result, generations=4)
 
 
+class Preemption:
+    """Preempts the cluster's one ``cpu`` worker job: a job of partition ``urgent`` (higher
+    priority tier) takes its node; SLURM signals the worker's job and ends it (CANCEL) or
+    requeues it (REQUEUE) a grace time later. ``during`` for ``run_replacement``."""
+
+    def __init__(self, testbed: Testbed, hold_seconds: int = 300) -> None:
+        self.testbed, self.hold_seconds = testbed, hold_seconds
+        part = testbed.run(["scontrol", "show", "partition", "debug"]).stdout
+        self.grace = int(re.search(r"GraceTime=(\d+)", part).group(1))
+        assert self.grace > 0, part
+        self.urgent: list[str] = []
+
+    def __call__(self, cluster) -> dict:
+        """Preempt; then wait (at most the grace time) for the node's drain marker: a job
+        that runs again removes it."""
+        jobs = cluster.jobs()
+        (job,) = [j for j, n in jobs.items() if n.endswith(".cpu")]
+        (head_job,) = [j for j, n in jobs.items() if n.endswith(".head")]
+        node = self.testbed.run(["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
+        at = time.time()
+        argv = ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-w", node, "-o", "/dev/null"]
+        argv += ["-J", "eray-test-urgent", "--wrap", f"sleep {self.hold_seconds}"]
+        self.urgent.append(self.testbed.run(argv).stdout.strip())
+        state = ClusterState(cluster.name, head_job, Path.home() / ".eray-provider")
+        marker = state.marker(f"j{job}-0", "drain")
+        while time.time() < at + self.grace and not marker.exists():
+            time.sleep(0.2)
+        drain = json.loads(marker.read_text()) if marker.exists() else None
+        return {"job": job, "node": node, "at": at, "drain": drain}
+
+    def release(self) -> None:
+        for job in self.urgent:
+            self.testbed.cancel(job)
+
+    def check_drained(self, markers: dict[str, str], jobs: dict, happened: dict) -> None:
+        """SLURM signalled the job (node_run says so in the job's log) and the node was
+        drained within the grace time (by itself at the signal, or by the head's watcher,
+        which saw the end move: whichever came first), its deadline the job's new end; the
+        preempted job stopped running within its grace (and a bit)."""
+        old, at, drain = happened["job"], happened["at"], happened["drain"]
+        assert f"j{old}-0: SLURM signalled its job's end" in markers[f"log:job-{old}.log"], markers.keys()
+        assert drain is not None, f"j{old}-0 was not drained within the grace time"
+        by = (f"SLURM signalled the end of job {old}", f"SLURM job {old} ends")
+        assert drain["message"].startswith(by), drain
+        assert drain["at"] - at < self.grace, (drain, at)
+        assert abs(drain["deadline"] - (at + self.grace)) < 10, (drain, at)
+        assert jobs[old]["running"][0][1] - at < self.grace + 15, (jobs[old], at)
+
+
+#: the cluster of the preemption tests: the head on node1, its one worker elsewhere
+PREEMPT_SBATCH = {"head": {"extra": ["--nodelist=node1"]}, "cpu": {"extra": ["--exclude=node1"]}}
+
+
 def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_path) -> None:
     """A job of partition ``urgent`` takes the worker's node: SLURM sends the worker's job
     SIGURG (``--signal=URG@...``, ``preempt_send_user_signal``) and moves its end to now
     plus the grace time; the node is drained at once (by itself at the signal, or by the
     head's watcher), and Ray's autoscaler, seeing it drain, replaces it on another node
     while it still finishes its task."""
-    part = testbed.run(["scontrol", "show", "partition", "debug"]).stdout
-    grace = int(re.search(r"GraceTime=(\d+)", part).group(1))
-    assert grace > 0, part
-    urgent: list[str] = []
-
-    def preempt(cluster) -> dict:
-        (job,) = [j for j, n in cluster.jobs().items() if n.endswith(".cpu")]
-        node = testbed.run(["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
-        at = time.time()
-        urgent.append(
-            testbed.run(
-                [
-                    *("sbatch", "--parsable", "-p", "urgent", "--exclusive", "-w", node, "-o", "/dev/null"),
-                    *("-J", "eray-test-urgent", "--wrap", "sleep 300"),
-                ]
-            ).stdout.strip()
-        )
-        return {"job": job, "node": node, "at": at}
-
-    sbatch = {"head": {"extra": ["--nodelist=node1"]}, "cpu": {"extra": ["--exclude=node1"]}}
+    preempt = Preemption(testbed)
     try:
         result = run_replacement(
-            testbed, tmp_path, "elpre", "30:00", 100, {}, 1, 25, preempt, sbatch, wait_for="TASK STARTED"
+            *(testbed, tmp_path, "elpre", "30:00", 100, {}, 1, 25, preempt, PREEMPT_SBATCH),
+            wait_for="TASK STARTED",
         )
     finally:
-        for job in urgent:
-            testbed.cancel(job)
+        preempt.release()
     summary, jobs, records, markers, monitor, _out, happened = result
     old, at = happened["job"], happened["at"]
-    # SLURM signalled the job (node_run says so in the job's log) and the node was drained
-    # within the grace time (by itself at the signal, or by the head's watcher, which saw
-    # the end move: whichever came first), its deadline the job's new end
-    assert f"j{old}-0: SLURM signalled its job's end" in markers[f"log:job-{old}.log"], markers.keys()
-    drain = json.loads(markers[f"j{old}-0.drain"])
-    by = (f"SLURM signalled the end of job {old}", f"SLURM job {old} ends")
-    assert drain["message"].startswith(by), drain
-    assert drain["at"] - at < grace, (drain, at)
-    assert abs(drain["deadline"] - (at + grace)) < 10, (drain, at)
-    # the preempted job ended within its grace (and a bit)
-    assert jobs[old]["last"] - at < grace + 15, (jobs[old], at)
+    preempt.check_drained(markers, jobs, happened)
     # replaced: another worker job joined after the preemption and ran tasks, while the
     # drained node still ran its 25-s task. Ray's autoscaler replaces a draining node
     # itself, so the provider submits no replacement of its own for it (that would be a
@@ -252,6 +290,46 @@ def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_pa
     assert not [r for r in records.values() if r.get("replaces") == f"j{old}-0"], records
     log = AutoscalerLog(monitor)  # the first worker, and the autoscaler's own replacement of it
     assert len(log.launched) == 2 and not log.adopted and not log.from_ray, vars(log)
+
+
+def test_a_requeued_worker_comes_back_as_the_same_kind_of_node(testbed, tmp_path) -> None:
+    """As above, but the worker's job is of partition ``requeue`` (PreemptMode=REQUEUE):
+    drained within the grace time and replaced by the autoscaler as before, then SLURM
+    requeues the job (it pends, reason ``BeginTime``) rather than ending it. It is not
+    cancelled as the node Ray lost: when it runs again, it comes back as a ``cpu`` node
+    (the same node id, tags and labels), the autoscaler learns of it from the provider's
+    listing and keeps it (``max_workers: 2``), its Ray labelled as it was."""
+    preempt = Preemption(testbed, hold_seconds=40)
+    sbatch = {**PREEMPT_SBATCH, "cpu": {**PREEMPT_SBATCH["cpu"], "partition": "requeue"}}
+    try:
+        result = run_replacement(
+            *(testbed, tmp_path, "elrq", "30:00", 200, {}, 1, 5, preempt, sbatch),
+            wait_for="TASK STARTED",
+            most=2,
+        )
+    finally:
+        preempt.release()
+    _summary, jobs, records, markers, monitor, out, happened = result
+    old = happened["job"]
+    preempt.check_drained(markers, jobs, happened)
+    # requeued (by the provider, once its drained Ray had ended: SLURM requeues only a job
+    # it ends itself, and would only at the end of the grace time): it left RUNNING within
+    # the grace time, pended, and ran again
+    states = [state for state, _t in jobs[old]["states"]]
+    assert "PENDING" in states[states.index("RUNNING") :] and len(jobs[old]["running"]) >= 2, jobs[old]
+    # gone from Ray meanwhile (the autoscaler replaced it at its drain), then back
+    samples = [line.split() for line in out.splitlines() if line.startswith("SAMPLE ")]
+    present = [old in sample[2].split(",") for sample in samples if len(sample) > 2]
+    gone = present.index(False) if False in present else len(present)
+    assert True in present[gone:], samples
+    # the provider kept it (did not cancel it) and showed it again as the node of type cpu
+    # it was (its record's tags), which the autoscaler adopted before its Ray joined;
+    # never more than max_workers alive
+    log = AutoscalerLog(monitor)
+    assert f"job {old} is requeued (preempted)" in monitor, monitor[-3000:]
+    assert log.adopted == [f"j{old}-0"] and not log.from_ray, vars(log)
+    assert records[f"j{old}-0"]["tags"]["ray-user-node-type"] == "cpu", records
+    assert max(len(sample[2].split(",")) for sample in samples if len(sample) > 2) <= 2, samples
 
 
 def block_free_cpus(testbed: Testbed) -> list[str]:

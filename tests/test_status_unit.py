@@ -109,12 +109,14 @@ def test_an_elastic_cluster_shows_its_worker_jobs() -> None:
         ("j80-0", "worker", {"slurm_job": "80"}),
         ("j81-0", "worker", {"slurm_job": "81"}),
         ("j82-0", "worker", {"slurm_job": "82"}),
+        ("j83-0", "worker", {"slurm_job": "83", "requeued": True}),
     )
     jobs = {
         "77": _job("77"),
         "80": _job("80", nodes="n2"),
         "81": _job("81", "PENDING", "Resources", nodes=""),
         "82": _job("82", "TIMEOUT", nodes="n3"),
+        "83": _job("83", "PENDING", "BeginTime", nodes=""),
     }
     st = _summarize(doc=doc, jobs=jobs, alive={"n1.1": "a", "j80-0": "b"}, provider={"elastic": True})
     states = {n.node_id: (n.state, n.slurm_job, n.slurm_node) for n in st.nodes}
@@ -123,9 +125,11 @@ def test_an_elastic_cluster_shows_its_worker_jobs() -> None:
         "j80-0": ("alive", "80", "n2"),
         "j81-0": ("pending", "81", ""),
         "j82-0": ("job-ended", "82", "n3"),
+        "j83-0": ("pending", "83", ""),
     }
-    assert st.kind == "elastic" and st.state == "degraded" and (st.alive, st.expected) == (2, 4)
+    assert st.kind == "elastic" and st.state == "degraded" and (st.alive, st.expected) == (2, 5)
     assert "node j81-0 (81): pending (Resources)" in st.problems
+    assert "node j83-0 (83): pending (requeued, BeginTime)" in st.problems  # preempted, back later
 
 
 def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:

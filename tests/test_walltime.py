@@ -14,7 +14,7 @@ from eray_provider.cluster_config import ClusterConfigError, common_provider_key
 from eray_provider.elastic_config import fill_elastic_config
 from eray_provider.node_spec import ray_labels
 from eray_provider.sbatch import SbatchRequest
-from eray_provider.scontrol import parse_job
+from eray_provider.scontrol import ENDS, PREEMPTED_REQUEUE, REQUEUED, parse_job, requeue_verdict
 from eray_provider.slurm_jobs import sbatch_argv
 from eray_provider.walltime import (
     EndingJob,
@@ -243,3 +243,27 @@ def test_the_replacement_comes_before_the_drain_for_every_time_limit() -> None:
     config["provider"].update(replace_before_end_s=100, drain_before_end_s=300)
     with pytest.raises(ClusterConfigError, match=r"replace_before_end_s \(100\) must be more than half"):
         fill_elastic_config(config, None)
+
+
+# ---------------------------------------------------------------------- requeue
+RUNNING_JOB = {"JobState": "RUNNING", "Requeue": "1", "Restarts": "0", "PreemptTime": "None"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "mode", "expected"),
+    [
+        ({}, "REQUEUE", ENDS),  # running, not preempted: it ends at its end
+        ({"PreemptTime": "2026-12-05T12:23:16"}, "REQUEUE", PREEMPTED_REQUEUE),  # preempted, runs its grace
+        ({"PreemptTime": "2026-12-05T12:23:16"}, "GANG,REQUEUE", PREEMPTED_REQUEUE),
+        ({"PreemptTime": "2026-12-05T12:23:16"}, "CANCEL", ENDS),  # preemption cancels
+        ({"PreemptTime": "2026-12-05T12:23:16", "Requeue": "0"}, "REQUEUE", ENDS),  # --no-requeue
+        ({"JobState": "COMPLETING", "PreemptTime": "2026-12-05T12:23:16"}, "REQUEUE", ENDS),
+        ({"JobState": "REQUEUED"}, "", REQUEUED),  # being requeued now
+        ({"JobState": "PENDING", "Restarts": "1"}, "", REQUEUED),  # requeued, waits to run again
+        ({"JobState": "PENDING"}, "", ENDS),  # never ran
+        ({"JobState": "CANCELLED", "Restarts": "1"}, "", ENDS),
+    ],
+)
+def test_requeue_verdict(fields, mode, expected) -> None:
+    assert requeue_verdict({**RUNNING_JOB, **fields}, mode) == expected
+
