@@ -143,30 +143,40 @@ def _state() -> ClusterState | None:
 
 def watch(address: str, lead: float, interval: float, replaced: bool = False) -> int:
     """The head's loop; ends when its parent (the head's ``node_run``) is gone.
-    ``replaced``: the cluster's elastic workers are replaced ahead of their end."""
+    ``replaced``: the cluster's elastic workers are replaced ahead of their end.
+
+    It connects to the GCS (and imports Ray's client) only once there is something to do
+    (``gcs_needed``): until then a round is one ``squeue``, so that the watcher costs the
+    head next to nothing while the cluster starts."""
     parent = os.getppid()
-    client = _client(address)
+    client = None
     state = _state()
     drained: dict[str, float] = {}
     squeue_failed = False
     while os.getppid() == parent:
+        pairs = _pairs(state)
+        jobs: dict[str, JobInfo] | None = None
+        try:
+            jobs = user_jobs()
+        except SlurmCommandError as e:
+            if not squeue_failed:
+                say(f"cannot tell when the cluster's jobs end this round: {e}")
+            squeue_failed = True
+        else:
+            squeue_failed = False
+        workers = pairs.workers if replaced and pairs is not None else set()
+        if client is None and not gcs_needed(jobs, state, pairs, lead, workers, interval):
+            time.sleep(interval)
+            continue
+        client = client or _client(address)
         try:
             nodes = alive_nodes(client)
         except Exception:  # the GCS restarting or going away: next round
             nodes = []
         if nodes:
-            pairs = _pairs(state)
             ends: dict[str, float | None] = {}
             leads: dict[str, float] = {}
-            try:
-                jobs = user_jobs()
-            except SlurmCommandError as e:
-                if not squeue_failed:
-                    say(f"cannot tell when the cluster's jobs end this round: {e}")
-                squeue_failed = True
-            else:
-                squeue_failed = False
-                workers = pairs.workers if replaced and pairs is not None else set()
+            if jobs is not None:
                 ends, leads = job_ends(jobs, {n.job_id for n in nodes}, lead, workers)
             if lead > 0 and ends:
                 for drain in due_drains(nodes, ends, time.time(), leads, drained):
@@ -178,6 +188,28 @@ def watch(address: str, lead: float, interval: float, replaced: bool = False) ->
                 hand_over(client, state, nodes, ends, pairs.successors, pairs.drained)
         time.sleep(interval)
     return 0
+
+
+def gcs_needed(
+    jobs: dict[str, JobInfo] | None,
+    state: ClusterState | None,
+    pairs: Pairs | None,
+    lead: float,
+    workers: Collection[str],
+    interval: float,
+) -> bool:
+    """Whether a round needs the GCS: without a state dir (no way to tell the cluster's
+    jobs), while a replacement pair exists (its handover), or once a job of the cluster
+    (its own, or an elastic worker's) is within two rounds of its drain. A squeue that
+    failed (``jobs`` None) tells nothing: wait for the next one."""
+    if state is None or (pairs is not None and pairs.successors):
+        return True
+    if jobs is None or lead <= 0:
+        return False
+    ours = {state.job_id, *(pairs.workers if pairs is not None else ())}
+    ends, leads = job_ends(jobs, ours, lead, workers)
+    now = time.time()
+    return any(end is not None and end - leads[job] - now <= 2 * interval for job, end in ends.items())
 
 
 class Pairs(NamedTuple):

@@ -11,9 +11,11 @@ import yaml
 
 from eray_provider.allocation import NodeShare
 from eray_provider.cluster_config import ClusterConfigError, common_provider_keys
+from eray_provider.cluster_state import ClusterState
 from eray_provider.elastic_config import fill_elastic_config
+from eray_provider.end_watch import Pairs, gcs_needed
 from eray_provider.node_spec import ray_labels
-from eray_provider.sbatch import SbatchRequest
+from eray_provider.sbatch import JobInfo, SbatchRequest
 from eray_provider.scontrol import ENDS, PREEMPTED_REQUEUE, REQUEUED, parse_job, requeue_verdict
 from eray_provider.slurm_jobs import sbatch_argv
 from eray_provider.walltime import (
@@ -267,3 +269,27 @@ RUNNING_JOB = {"JobState": "RUNNING", "Requeue": "1", "Restarts": "0", "PreemptT
 def test_requeue_verdict(fields, mode, expected) -> None:
     assert requeue_verdict({**RUNNING_JOB, **fields}, mode) == expected
 
+
+# ---------------------------------------------------------------------- the watcher's GCS
+def test_the_head_watcher_needs_the_gcs_only_near_a_drain(tmp_path) -> None:
+    """``end_watch`` connects to the GCS (and imports Ray) only when a job of the cluster
+    nears its drain or a replacement pair exists: while the cluster starts, a round is one
+    squeue. Another user's job (not the cluster's) near its end does not count."""
+    now = time.time()
+
+    def job(job_id: str, ends_in: float, limit: str = "1:00:00") -> JobInfo:
+        end = format_timestamp(now + ends_in)
+        return JobInfo(job_id, "RUNNING", "x", "n1", "None", 1, end_time=end, time_limit=limit)
+
+    state = ClusterState("c", "7", tmp_path)
+    quiet = Pairs({}, set(), {"8"})
+    far = {"7": job("7", 3600), "8": job("8", 3600), "99": job("99", 5)}
+    assert not gcs_needed(far, state, quiet, 300, set(), 10)
+    assert gcs_needed({**far, "7": job("7", 300 + 15)}, state, quiet, 300, set(), 10)  # the head's job
+    assert gcs_needed({**far, "8": job("8", 300 + 15)}, state, quiet, 300, set(), 10)  # a worker's job
+    # a replaced worker drains at half the lead: not yet
+    assert not gcs_needed({**far, "8": job("8", 300 + 15)}, state, quiet, 300, {"8"}, 10)
+    assert gcs_needed(far, state, Pairs({"j9-0": "j8-0"}, set(), {"8", "9"}), 300, set(), 10)  # a handover
+    assert not gcs_needed(None, state, quiet, 300, set(), 10)  # squeue failed: no verdict
+    assert not gcs_needed({**far, "7": job("7", 15)}, state, quiet, 0, set(), 10)  # lead 0: never drains
+    assert gcs_needed(far, None, None, 300, set(), 10)  # no state: cannot tell the cluster's jobs
