@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, parse_gpu_spec
 from .hostlist import HostlistError, expand
-from .walltime import WalltimeError, parse_duration, parse_timestamp
+from .walltime import UNKNOWN_TIMES, WalltimeError, parse_duration, parse_timestamp
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=(\S*)")
 _GRES_ITEM = re.compile(r"([^,(]+)(?:\(([^)]*)\))?")
@@ -82,7 +82,7 @@ REQUEUE_STATES = ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 
 def being_preempted(job: dict[str, str]) -> bool:
     """A running job that SLURM preempts (``PreemptTime`` set): it runs out its grace."""
-    return job.get("JobState") == "RUNNING" and job.get("PreemptTime", "None") not in ("", "None", "Unknown")
+    return job.get("JobState") == "RUNNING" and job.get("PreemptTime", "").strip() not in UNKNOWN_TIMES
 
 
 #: ``requeue_verdict``'s answers: SLURM ends the job; it is being preempted and SLURM will

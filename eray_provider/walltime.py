@@ -31,7 +31,8 @@ END_SIGNAL = "URG"
 DEFAULT_DRAIN_LEAD_SECONDS = 300
 #: A node drained for an end is drained again when its job's end moves this much earlier.
 EARLIER_BY_SECONDS = 5.0
-_UNKNOWN = ("", "Unknown", "NONE", "None", "N/A", "(null)", "INVALID")
+#: How SLURM prints a time it does not know (or has not set).
+UNKNOWN_TIMES = ("", "Unknown", "NONE", "None", "N/A", "(null)", "INVALID")
 
 
 class WalltimeError(ValueError):
@@ -42,7 +43,7 @@ def parse_timestamp(text: str) -> float | None:
     """``2026-12-04T13:11:43`` (SLURM's local time, as squeue ``%e`` and scontrol
     ``EndTime=`` print it) -> seconds since the epoch; None for an unknown or unlimited end."""
     text = text.strip()
-    if text in _UNKNOWN:
+    if text in UNKNOWN_TIMES:
         return None
     try:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
@@ -54,7 +55,7 @@ def parse_duration(text: str) -> float | None:
     """SLURM's durations (``%l``, ``TimeLimit=``): ``MM``, ``MM:SS``, ``HH:MM:SS``,
     ``D-HH[:MM[:SS]]`` -> seconds; None for ``UNLIMITED`` or unknown."""
     text = text.strip()
-    if text in _UNKNOWN or text in ("UNLIMITED", "INFINITE", "NOT_SET"):
+    if text in UNKNOWN_TIMES or text in ("UNLIMITED", "INFINITE", "NOT_SET"):
         return None
     days, sep, rest = text.partition("-")
     if not sep:
