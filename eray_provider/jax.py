@@ -34,14 +34,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .jax_compat import distributed_initialized, enable_cpu_collectives, initialize_options
+from .jax_compat import close_client, distributed_initialized, enable_cpu_collectives, initialize_options
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 60.0
 #: How often a group's ``run`` asks the GCS for drained nodes (``on_drain``).
 DRAIN_POLL_SECONDS = 2.0
-#: How long shutdown waits for killed ranks to be gone before ending rank 0.
+#: How long shutdown waits for killed ranks to be gone before ending rank 0, and for the
+#: ranks of a healthy group to close their JAX clients together before that.
 KILL_WAIT = 10.0
 ENV_RANK = "ERAY_JAX_RANK"
 ENV_WORLD = "ERAY_JAX_WORLD"
@@ -386,6 +387,11 @@ def _rank_actor_class():
         def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
             return fn(*args, **kwargs)
 
+        def close_client(self) -> None:
+            import jax
+
+            close_client(jax)
+
     return JaxRank
 
 
@@ -455,7 +461,7 @@ class ProcessGroup:
         self.on_drain = on_drain
         self._drains_told: set[str] = set()
         self._drain_polled = 0.0
-        self._initialized = False
+        self._healthy = False  # every call on every rank so far succeeded
         self._node_order = {
             n["NodeID"]: (int(n.get("Labels", {}).get("slurm-node-index", 10**6)), n["NodeManagerAddress"])
             for n in nodes
@@ -509,7 +515,9 @@ class ProcessGroup:
                 for r, a in enumerate(self.actors)
             ]
             self._gather(refs, deadline, "initialize jax.distributed")
+            self._healthy = True
         except BaseException:
+            self._healthy = False
             self.shutdown()
             raise
 
@@ -521,17 +529,24 @@ class ProcessGroup:
         try:
             return self._gather([a.run.remote(fn, args, kwargs) for a in self.actors], deadline, "run")
         except BaseException:
+            self._healthy = False
             self.shutdown()
             raise
 
     def shutdown(self) -> None:
-        """End every rank: the others first and until they are gone (bounded), then rank 0,
-        which hosts JAX's coordination service. A collective ``jax.distributed.shutdown``
-        races in JAX 0.10: a rank whose error poller sees the service close before its own
-        shutdown ends aborts with a fatal log."""
+        """End every rank. A healthy group's ranks first close their JAX clients together
+        (``jax_compat.close_client``, bounded), so that no rank is still polling JAX's
+        coordination service when it goes; then the others are killed, and waited for until
+        gone (bounded), then rank 0, which hosts the service. After a failure the ranks are
+        killed at once: one is dead or stuck, and the clients' shutdown barrier would wait
+        for it. (A collective ``jax.distributed.shutdown`` races in JAX 0.10: a rank whose
+        error poller sees the service close before its own shutdown ends aborts with a
+        fatal log, and ``ray.kill`` reports an actor dead before its process has ended.)"""
         from ray.util.placement_group import remove_placement_group
 
-        self._initialized = False
+        if self._healthy and self.actors:
+            self._close_clients()
+        self._healthy = False
         for group in (self.actors[1:], self.actors[:1]):
             try:
                 _kill_and_wait(group, KILL_WAIT)
@@ -551,6 +566,20 @@ class ProcessGroup:
             self.port = None
 
     # -------------------------------------------------------------- helpers
+    def _close_clients(self) -> None:
+        import ray
+
+        refs = [a.close_client.remote() for a in self.actors]
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=KILL_WAIT)
+        try:
+            ray.get(done)
+        except Exception as e:  # the ranks are killed next either way
+            logger.debug("closing the JAX clients: %s", e)
+        if pending:
+            logger.debug(
+                "%d of %d ranks did not close their JAX client in %.0f s", len(pending), len(refs), KILL_WAIT
+            )
+
     def _gather(self, refs: list, deadline: float | None, what: str) -> list[Any]:
         """Results of one call per rank; the first failure or the deadline raises GroupError."""
         import ray

@@ -35,6 +35,25 @@ def distributed_initialized(jax: Any) -> bool:
     return distributed.global_state.client is not None
 
 
+def close_client(jax: Any) -> None:
+    """Close this process's end of ``jax.distributed`` (preemption manager, then client:
+    its heartbeats and error polling stop) and leave the coordination service, which rank
+    0 hosts, running. Collective: every rank's client takes part in the shutdown barrier.
+    ``jax.distributed.shutdown`` would also stop the service on rank 0, and a rank whose
+    error poller sees it close before its own shutdown ends aborts with a fatal log (JAX
+    0.10): closing the clients first and the service with the process avoids that race.
+    JAX has no public call for it; its ``global_state`` has held these since 0.4."""
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if getattr(state, "preemption_sync_manager", None) is not None:
+        state.preemption_sync_manager.shutdown()
+        state.preemption_sync_manager = None
+    if state.client is not None:
+        state.client.shutdown()
+        state.client = None
+
+
 def initialize_options(jax: Any, coordinator: str) -> dict[str, str]:
     """The keyword arguments of ``jax.distributed.initialize`` that this JAX has and that
     eray-provider always sets: no cluster auto-detection, and the coordinator bound to its
