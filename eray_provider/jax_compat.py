@@ -46,8 +46,10 @@ def close_client(jax: Any) -> None:
     from jax._src import distributed
 
     state = distributed.global_state
-    if getattr(state, "preemption_sync_manager", None) is not None:
-        state.preemption_sync_manager.shutdown()
+    manager = getattr(state, "preemption_sync_manager", None)
+    if manager is not None:
+        if hasattr(manager, "shutdown"):  # 0.4.30's has none: it is only dropped
+            manager.shutdown()
         state.preemption_sync_manager = None
     if state.client is not None:
         state.client.shutdown()
