@@ -91,11 +91,14 @@ def start_cluster(
     proc = start_head(state, ids[head], head, {}, python)
     for batch, (node_type, shares) in enumerate(types.items(), start=1):
         launch_workers(state, {s.name: ids[s.name] for s in shares}, node_type, python, batch)
-    address = wait_head_ready(state, ids[head], proc, head_log(state, ids[head]))
-    _log(f"head on {head} at {address} ({time.monotonic() - t0:.1f} s)")
-    wait_joined(state, address, list(ids.values()), join_timeout, stopped, say=_log)
+    nodes = list(ids.values())
+    with wait_head_ready(
+        state, ids[head], proc, head_log(state, ids[head]), workers=nodes, workers_timeout=join_timeout
+    ) as watch:
+        _log(f"head on {head} at {watch.address} ({time.monotonic() - t0:.1f} s)")
+        wait_joined(state, watch, nodes, join_timeout, stopped, say=_log)
     _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s)")
-    return address
+    return watch.address
 
 
 def run(

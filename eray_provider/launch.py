@@ -204,18 +204,6 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
     return plan
 
 
-def launch_head(
-    state: ClusterState, node_id: str, slurm_node: str, extra_env: Mapping[str, str], python: str
-) -> str:
-    """Start the head's step and wait until its GCS reports it alive; returns ``ip:port``.
-
-    Idempotent: a second ``ray up`` (or two racing ones) finds the head launched and only
-    waits for it, so there is never a second head.
-    """
-    proc = start_head(state, node_id, slurm_node, extra_env, python)
-    return wait_head_ready(state, node_id, proc, head_log(state, node_id))
-
-
 def head_log(state: ClusterState, node_id: str):
     return state.logs / f"{node_id}.log"
 
@@ -280,8 +268,13 @@ def wait_head_ready(
     proc: subprocess.Popen | None,
     log,
     timeout: float = HEAD_READY_TIMEOUT,
-) -> str:
-    """Readiness: the head's IP is recorded and its GCS lists it as an alive node."""
+    workers: Sequence[str] = (),
+    workers_timeout: float = 0,
+) -> AliveWatch:
+    """Readiness: the head's IP is recorded and its GCS lists it as an alive node. Returns
+    the watch that saw it, which goes on watching ``workers`` (up to ``workers_timeout``
+    more) for ``wait_joined``: one watcher process for the whole start. The caller closes
+    it (a context manager)."""
     deadline = time.monotonic() + timeout
     plan = state.ports()
     assert plan is not None
@@ -295,78 +288,103 @@ def wait_head_ready(
         if reason := failed():
             raise LaunchError(reason)
         time.sleep(0.25)
-    if ip is None or watch_alive(state, f"{ip}:{plan.gcs}", [node_id], deadline - time.monotonic(), failed):
-        raise LaunchError(f"the head was not alive after {timeout:.0f} s; {log}:\n{_tail(log)}")
-    return f"{ip}:{plan.gcs}"
-
-
-def watch_alive(
-    state: ClusterState,
-    address: str,
-    node_ids: Sequence[str],
-    timeout: float,
-    failed: Callable[[], str | None] = lambda: None,
-    stopped: Callable[[], bool] = lambda: False,
-    on_poll: Callable[[list[str]], None] = lambda joined: None,
-) -> list[str]:
-    """Wait until the GCS at ``address`` lists every node of ``node_ids`` alive; returns
-    those still missing after ``timeout`` (or when ``stopped()``), [] when all are alive.
-    ``failed()`` is asked meanwhile and ends the wait with ``LaunchError`` (a node that
-    exited); ``on_poll`` gets the ids that joined since its last call, on every poll.
-    One watcher process does the polling (``gcs_probe --wait``): a Python and Ray client
-    started once, not once per poll, on machines busy starting Ray."""
-    env = dict(os.environ, **cluster_env(state))
-    env.pop("RAY_ADDRESS", None)
-    limit = max(timeout, 1.0)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eray_provider.gcs_probe", address, "--wait", f"--timeout={limit:.1f}"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    lines: list[str] = []
-    joined: queue.SimpleQueue[str] = queue.SimpleQueue()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("joined "):
-                joined.put(line.split()[1])
-
-    def drain() -> list[str]:
-        out = []
-        while not joined.empty():
-            out.append(joined.get())
-        return out
-
-    reader = threading.Thread(target=read, daemon=True)
+    if ip is None:
+        raise LaunchError(f"the head recorded no IP within {timeout:.0f} s; {log}:\n{_tail(log)}")
+    left = deadline - time.monotonic()
+    watch = AliveWatch(state, f"{ip}:{plan.gcs}", [node_id, *workers], left + workers_timeout)
     try:
-        assert proc.stdin is not None
-        proc.stdin.write("\n".join(node_ids) + "\n")
-        proc.stdin.close()
-        reader.start()
-        deadline = time.monotonic() + limit + 30  # the watcher's own deadline, and a margin
-        while proc.poll() is None:
+        if watch.wait([node_id], left, failed):
+            raise LaunchError(f"the head was not alive after {timeout:.0f} s; {log}:\n{_tail(log)}")
+    except BaseException:
+        watch.close()
+        raise
+    return watch
+
+
+class AliveWatch:
+    """Which of a start's nodes the GCS at ``address`` lists alive, as they join.
+
+    One watcher process does the polling (``gcs_probe --wait``) for the whole start, the
+    head and then its workers: a Python and Ray client started once, not once per poll or
+    per phase, on machines busy starting Ray. It ends when every node of ``node_ids`` is
+    alive, after ``timeout``, or when the watch is closed (a context manager)."""
+
+    def __init__(self, state: ClusterState, address: str, node_ids: Sequence[str], timeout: float) -> None:
+        env = dict(os.environ, **cluster_env(state))
+        env.pop("RAY_ADDRESS", None)
+        limit = max(timeout, 1.0)
+        self.address = address
+        self.joined: set[str] = set()
+        self._deadline = time.monotonic() + limit + 30  # the watcher's own deadline, and a margin
+        self._new: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "eray_provider.gcs_probe", address, "--wait", f"--timeout={limit:.1f}"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write("\n".join(node_ids) + "\n")
+            self._proc.stdin.close()
+        except BaseException:
+            self.close()
+            raise
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.startswith("joined "):
+                self._new.put(line.split()[1])
+
+    def _collect(self, node_ids: Sequence[str], on_poll: Callable[[list[str]], None]) -> list[str]:
+        new = []
+        while not self._new.empty():
+            new.append(self._new.get())
+        self.joined.update(new)
+        on_poll([i for i in new if i in node_ids])
+        return [i for i in node_ids if i not in self.joined]
+
+    def wait(
+        self,
+        node_ids: Sequence[str],
+        timeout: float,
+        failed: Callable[[], str | None] = lambda: None,
+        stopped: Callable[[], bool] = lambda: False,
+        on_poll: Callable[[list[str]], None] = lambda joined: None,
+    ) -> list[str]:
+        """Until every node of ``node_ids`` is alive; returns those still missing after
+        ``timeout`` (or when ``stopped()``, or the watcher ended), [] when all are alive.
+        ``failed()`` is asked meanwhile and ends the wait with ``LaunchError`` (a node that
+        exited); ``on_poll`` gets the ids of ``node_ids`` that joined since its last call,
+        on every poll, and first those that joined before this wait."""
+        deadline = min(time.monotonic() + max(timeout, 0.0), self._deadline)
+        on_poll([i for i in node_ids if i in self.joined])
+        while missing := self._collect(node_ids, on_poll):
+            if self._proc.poll() is not None:
+                self._reader.join(timeout=5)
+                return self._collect(node_ids, on_poll)
             if reason := failed():
                 raise LaunchError(reason)
             if stopped() or time.monotonic() > deadline:
-                return list(node_ids)
-            on_poll(drain())
+                return missing
             time.sleep(0.25)
-        reader.join(timeout=5)
-        on_poll(drain())
-        if proc.returncode == 0:
-            return []
-        out = "".join(lines)
-        missing = out.rpartition(": ")[2].split() if "not alive" in out else []
-        return [i for i in node_ids if i in missing] or list(node_ids)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        return []
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
+    def __enter__(self) -> AliveWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def gcs_alive(state: ClusterState, address: str, timeout: float = 30) -> dict[str, str] | None:
@@ -499,17 +517,18 @@ def _remove_temp_dirs(state: ClusterState) -> None:
 
 def wait_joined(
     state: ClusterState,
-    address: str,
+    watch: AliveWatch,
     node_ids: Sequence[str],
     timeout: float,
     stopped=lambda: False,
     say: Callable[[str], None] | None = None,
     already: int = 0,
 ) -> None:
-    """Until the GCS lists every node of ``node_ids`` alive. Raises ``LaunchError`` when one
-    of them exited, ``TimeoutError`` naming the SLURM nodes missing after ``timeout``.
-    ``say``: where the progress goes (``join_progress``), ``already`` nodes counted alive
-    besides these (the head, when the workers are waited for)."""
+    """Until ``watch`` (from ``wait_head_ready``) sees every node of ``node_ids`` alive.
+    Raises ``LaunchError`` when one of them exited, ``TimeoutError`` naming the SLURM nodes
+    missing after ``timeout``. ``say``: where the progress goes (``join_progress``),
+    ``already`` nodes counted alive besides these (the head, when the workers are waited
+    for)."""
 
     def failed() -> str | None:
         markers = state.markers()
@@ -532,7 +551,7 @@ def wait_joined(
             already=already,
         )
     on_poll = progress.joined if progress is not None else lambda joined: None
-    missing = watch_alive(state, address, node_ids, timeout, failed, stopped, on_poll)
+    missing = watch.wait(node_ids, timeout, failed, stopped, on_poll)
     if missing:
         records = state.read()["nodes"]
         names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)

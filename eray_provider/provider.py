@@ -40,9 +40,11 @@ from .launch import (
     LaunchError,
     ensure_port_plan,
     gcs_alive,
-    launch_head,
+    head_log,
     launch_workers,
+    start_head,
     teardown,
+    wait_head_ready,
     wait_joined,
 )
 from .node_spec import worker_types
@@ -415,26 +417,39 @@ class SlurmNodeProvider(NodeProvider):
         (``provider.wait_for_workers``, default true) until the workers launched with it
         have joined, and say how many nodes are alive."""
         rec = self._records()[node_id]
+        launched = [i for i, r in self._records().items() if _fixed_worker(r) and r.get("launched")]
+        workers = launched if self.provider_config.get("wait_for_workers", True) else []
         try:
-            address = launch_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
+            proc = start_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
+            watch = wait_head_ready(
+                self.state,
+                node_id,
+                proc,
+                head_log(self.state, node_id),
+                workers=workers,
+                workers_timeout=WORKERS_JOIN_TIMEOUT,
+            )
         except (LaunchError, ClusterStoppingError) as e:
             cli_logger.abort(str(e))
+        address = watch.address
         logger.info("head %s alive at %s", node_id, address)
-        workers = [i for i, r in self._records().items() if _fixed_worker(r) and r.get("launched")]
-        if not workers or not self.provider_config.get("wait_for_workers", True):
-            cli_logger.print(f"eray-provider: head alive at {address}; {len(workers)} worker(s) starting")
-            return
-        total = len(workers) + 1
-        try:
-            wait_joined(self.state, address, workers, WORKERS_JOIN_TIMEOUT, say=_say, already=1)
-            counted = f"{total} of {total} nodes alive"
-        except (LaunchError, TimeoutError) as e:
-            cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")
-            alive = gcs_alive(self.state, address)
-            counted = (
-                f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
-            )
-        _say(f"{counted} (head at {address})")
+        with watch:
+            if not workers:
+                cli_logger.print(
+                    f"eray-provider: head alive at {address}; {len(launched)} worker(s) starting"
+                )
+                return
+            total = len(workers) + 1
+            try:
+                wait_joined(self.state, watch, workers, WORKERS_JOIN_TIMEOUT, say=_say, already=1)
+                counted = f"{total} of {total} nodes alive"
+            except (LaunchError, TimeoutError) as e:
+                cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")
+                alive = gcs_alive(self.state, address)
+                counted = (
+                    f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
+                )
+            _say(f"{counted} (head at {address})")
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster: its steps only, then temp dirs and state

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eray_provider.cluster_state import ClusterState, ClusterStoppingError
-from eray_provider.launch import LaunchError, watch_alive
+from eray_provider.launch import AliveWatch, LaunchError
 from eray_provider.node_run import NodeRunError, wait_for_head
 
 
@@ -77,7 +77,9 @@ def test_a_worker_stops_waiting_when_the_cluster_is_being_stopped(tmp_path: Path
 def test_the_gcs_watcher_reports_what_is_missing(tmp_path: Path) -> None:
     state = _state(tmp_path)
     address = f"127.0.0.1:{_free_port()}"
-    assert watch_alive(state, address, ["n1.1", "n2.2"], timeout=1) == ["n1.1", "n2.2"]
+    with AliveWatch(state, address, ["n1.1", "n2.2"], timeout=1) as watch:
+        assert watch.wait(["n1.1"], timeout=60) == ["n1.1"]  # the watcher ended
+        assert watch.wait(["n1.1", "n2.2"], timeout=60) == ["n1.1", "n2.2"]
     proc = subprocess.run(
         [sys.executable, "-m", "eray_provider.gcs_probe", address, "--wait", "--timeout=0.5"],
         input="n1.1\n",
@@ -91,8 +93,11 @@ def test_the_gcs_watcher_reports_what_is_missing(tmp_path: Path) -> None:
 def test_the_gcs_watch_ends_when_a_node_exits(tmp_path: Path) -> None:
     state = _state(tmp_path)
     address = f"127.0.0.1:{_free_port()}"
-    with pytest.raises(LaunchError, match=r"n2\.2 exited"):
-        watch_alive(state, address, ["n2.2"], timeout=60, failed=lambda: "n2.2 exited")
+    with (
+        AliveWatch(state, address, ["n2.2"], timeout=60) as watch,
+        pytest.raises(LaunchError, match=r"n2\.2 exited"),
+    ):
+        watch.wait(["n2.2"], timeout=60, failed=lambda: "n2.2 exited")
 
 
 def test_join_progress_says_who_is_missing_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
