@@ -29,13 +29,15 @@ from pathlib import Path
 import yaml
 from time_to_cluster import REPO, alive_at, busy_seconds, poller, testbed_env
 
+from eray_provider.plan.modules import GCS_PROBE
+
 NAME = "elbench"
 
 
 def count_alive(address: str, env: dict[str, str]) -> int:
     """Alive nodes the GCS at ``address`` lists (0 when it does not answer)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "eray_provider.gcs_probe", address],
+        [sys.executable, "-m", GCS_PROBE, address],
         env=env,
         capture_output=True,
         text=True,

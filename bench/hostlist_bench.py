@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import hostlist as python_hostlist  # GPL: benchmark comparison only
 
-from eray_provider.hostlist import compress, expand
+from eray_provider.slurm.hostlist import compress, expand
 
 
 def shapes(n: int) -> dict[str, list[str]]:

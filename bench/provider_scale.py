@@ -80,13 +80,13 @@ from typing import Any
 
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 
-from eray_provider.allocation import Allocation, NodeShare
-from eray_provider.cluster_config import fill_config
-from eray_provider.cluster_state import ClusterState
-from eray_provider.elastic_config import fill_elastic_config
-from eray_provider.hostlist import expand
-from eray_provider.ports import choose_plan
-from eray_provider.sbatch import SQUEUE_FORMAT, elastic_node_id
+from eray_provider.plan.cluster_config import fill_config
+from eray_provider.plan.elastic_config import fill_elastic_config
+from eray_provider.plan.ports import choose_plan
+from eray_provider.plan.sbatch import SQUEUE_FORMAT, elastic_node_id
+from eray_provider.runtime.cluster_state import ClusterState
+from eray_provider.slurm.allocation import Allocation, NodeShare
+from eray_provider.slurm.hostlist import expand
 
 #: MAX_ARG_STRLEN: one argument or ``NAME=value`` string, its NUL included.
 ARG_LIMIT = 131072
@@ -185,7 +185,7 @@ elif cmd == "scancel":
     save("jobs", [r for k, r in jobs.items() if k not in gone])
 elif cmd == "srun":
     name = value("--job-name=")
-    if name and "eray_provider.node_run" in args:
+    if name and NODE_RUN in args:
         save("steps", lines("steps") + ["%s.%d %s" % (ALLOC, counter(), name)])
     if len(args) >= 2 and args[-2] == "bash" and os.path.isfile(args[-1]):
         with open(args[-1]) as src, open(os.path.join(D, "script-%d.sh" % counter()), "w") as dst:
@@ -424,8 +424,8 @@ def rounds(result: Result, provider: Any, n_nodes: int, count: int, refresh: Cal
 def fixed_paths(n: int, root: Path, fake: FakeSlurm, count: int) -> list[Result]:
     from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
-    from eray_provider.node_run import node_id_from
-    from eray_provider.provider import SlurmNodeProvider
+    from eray_provider.autoscaler.provider import SlurmNodeProvider
+    from eray_provider.runtime.node_run import node_id_from
 
     results = []
     config, state, names = fixed_cluster(n, root)
@@ -579,7 +579,7 @@ def fixed_paths(n: int, root: Path, fake: FakeSlurm, count: int) -> list[Result]
 def elastic_paths(n: int, per_job: int, root: Path, fake: FakeSlurm, count: int, submit: int) -> list[Result]:
     from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
-    from eray_provider.elastic import SlurmJobProvider
+    from eray_provider.autoscaler.elastic import SlurmJobProvider
 
     results = []
     yaml = {
@@ -699,7 +699,7 @@ def replacing_round(
     replaced by a running job, half of those handed over (old hidden, replacement shown),
     half standing by (``_hand_over`` looks at them every call). The synthetic state is put
     back afterwards."""
-    from eray_provider.elastic import SlurmJobProvider
+    from eray_provider.autoscaler.elastic import SlurmJobProvider
 
     result = Result(f"(b2) SlurmJobProvider head round, replacing, {workers + 1:,} nodes")
     end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 2400))

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import yaml
 
+from eray_provider.plan.modules import GCS_PROBE, NODE_RUN
+
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "scripts" / "slurm-testbed"
 ARMS = ("eray", "template", "nosleep", "bare")
@@ -164,8 +166,8 @@ KINDS = (
     ("log monitor", ("log_monitor",)),
     ("autoscaler monitor (head)", ("monitor.py",)),
     ("Ray client server (head)", ("ray.util.client.server",)),
-    ("eray node_run", ("eray_provider.node_run",)),
-    ("eray GCS watcher", ("eray_provider.gcs_probe",)),
+    ("eray node_run", (NODE_RUN,)),
+    ("eray GCS watcher", (GCS_PROBE,)),
     ("srun clients", ("srun",)),
 )
 

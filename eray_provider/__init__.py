@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .allocation import Allocation, AllocationError, NodeShare
-from .distributed import DistributedConfig
-from .hostlist import HostlistError, compress, expand, expand_counts
-from .ports import PortPlan
+from .jax.distributed import DistributedConfig
+from .plan.modules import LAZY
+from .plan.ports import PortPlan
+from .slurm.allocation import Allocation, AllocationError, NodeShare
+from .slurm.hostlist import HostlistError, compress, expand, expand_counts
 
 __all__ = [
     "Allocation",
@@ -29,17 +30,10 @@ __all__ = [
     "expand_counts",
 ]
 
-_LAZY = {
-    "SlurmNodeProvider": "eray_provider.provider",
-    "SlurmJobProvider": "eray_provider.elastic",
-    "auto_ray_cluster": "eray_provider.ray_cluster",
-    "RayClusterConfig": "eray_provider.ray_cluster",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(LAZY[name]), name)
     raise AttributeError(f"module 'eray_provider' has no attribute {name!r}")

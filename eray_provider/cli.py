@@ -14,11 +14,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import hostlist
-from .allocation import Allocation, AllocationError
-from .ports import PortPlan, PortPlanError, choose_plan
-from .ray_compat import UnsupportedRayError
-from .walltime import describe_end
+from .plan.ports import PortPlan, PortPlanError, choose_plan
+from .runtime.ray_compat import UnsupportedRayError
+from .slurm import hostlist
+from .slurm.allocation import Allocation, AllocationError
+from .slurm.walltime import describe_end
 
 
 def _cmd_hostnames(args: argparse.Namespace) -> int:
@@ -61,7 +61,8 @@ def _format_table(alloc: Allocation, plan: PortPlan) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .slurm_cli import host_exclusions, load_allocation
+    from .runtime.port_probe import host_exclusions
+    from .slurm.client import load_allocation
 
     alloc = load_allocation(args.job_id, use_scontrol=not args.no_scontrol)
     plan = choose_plan(alloc.job_id, host_exclusions())
@@ -75,7 +76,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .batch import run
+    from .runtime.batch import run
 
     command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
     options: dict = {}
@@ -91,7 +92,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .status import PruneError, format_table, gather, prune, to_json
+    from .runtime.status import PruneError, format_table, gather, prune, to_json
 
     statuses = gather(args.state_dir)
     failed: list[str] = []
@@ -111,17 +112,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    from .cluster_logs import show_logs
-    from .cluster_state import default_base
-    from .status import state_dirs
+    from .plan.names import default_base
+    from .runtime.cluster_logs import show_logs
+    from .runtime.status import state_dirs
 
     base = args.state_dir or default_base()
     return show_logs(base, args.cluster, args.job, state_dirs(base), args.node, args.component, args.follow)
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from .cluster_state import default_base
-    from .dashboard import resolve, run
+    from .plan.names import default_base
+    from .runtime.dashboard import resolve, run
 
     state = resolve(args.target, args.job, args.state_dir or default_base())
     return run(state, port=args.port, via=args.via)

@@ -17,11 +17,12 @@ TESTBED_DIR = os.environ.get("ERAY_TESTBED_DIR", "/tmp/eray-testbed")
 def bindir(tmp_path, monkeypatch: pytest.MonkeyPatch):
     """A directory first on PATH for fake SLURM commands (the logic around the commands,
     not SLURM: live tests drive the test bed), with retries 10 ms apart."""
-    from eray_provider import slurm_cli
 
     d = tmp_path / "bin"
     d.mkdir()
     monkeypatch.setenv("PATH", f"{d}:{os.environ['PATH']}")
+    from eray_provider.slurm import client as slurm_cli
+
     monkeypatch.setattr(slurm_cli, "RETRY_DELAY", 0.01)
     return d
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from eray_provider.hostlist import expand
+from eray_provider.slurm.hostlist import expand
 
 PREFIXES = ["n", "node", "gpu-", "r1n", "x", "", "rack0-", "a.b-", "c_"]
 JOINERS = ["-", "b", "c0", "-ib-"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from testbed_support import REPO, Testbed
 
-from eray_provider.node_logs import collected
+from eray_provider.runtime.node_logs import collected
 
 VENV_BIN = str(Path(sys.executable).parent)
 

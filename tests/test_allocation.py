@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from eray_provider.allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
-from eray_provider.scontrol import parse_config, parse_job, parse_port_range
-from eray_provider.slurm_env import allocation_from_env
+from eray_provider.slurm.allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
+from eray_provider.slurm.env import allocation_from_env
+from eray_provider.slurm.scontrol import parse_config, parse_job, parse_port_range
 
 DATA = Path(__file__).parent / "data"
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from eray_provider.bind_shim import BindShimError, bind_env, check_preloaded, port_ranges, shim_path
-from eray_provider.ports import plan_for_block
+from eray_provider.plan.ports import plan_for_block
+from eray_provider.runtime.bind_shim import BindShimError, bind_env, check_preloaded, port_ranges, shim_path
 
 PLAN = plan_for_block("7", 40960)
 # 127.0.0.2 stands for the node's address: a local address that is not 127.0.0.1
@@ -106,7 +106,7 @@ def test_a_preload_the_loader_drops_is_detected(tmp_path) -> None:
 def test_batch_script_quotes_the_python_path() -> None:
     import shlex
 
-    from eray_provider.slurm_jobs import batch_script
+    from eray_provider.runtime.slurm_jobs import batch_script
 
     line = batch_script("/home/a b/venv/bin/python").splitlines()[1]
     words = shlex.split(line)

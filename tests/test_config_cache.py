@@ -12,7 +12,7 @@ import yaml
 from ray.autoscaler._private import commands
 from ray.autoscaler._private.util import prepare_config
 
-from eray_provider.config_cache import (
+from eray_provider.autoscaler.config_cache import (
     CACHE_VERSION,
     UnsafeConfigCacheError,
     cache_path,

@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from eray_provider.dashboard import LOGIN_PREFIX, TOKEN_COOKIE, login_response, login_target
-from eray_provider.relay import (
+from eray_provider.plan.modules import RELAY
+from eray_provider.runtime.dashboard import LOGIN_PREFIX, TOKEN_COOKIE, login_response, login_target
+from eray_provider.runtime.relay import (
     CLOSE,
     DATA,
     GREETING,
@@ -25,7 +26,7 @@ from eray_provider.relay import (
     encode,
     encode_data,
 )
-from eray_provider.relay_client import RelayClient
+from eray_provider.runtime.relay_client import RelayClient
 
 
 def test_frames_survive_any_split() -> None:
@@ -84,7 +85,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def _relayed(server_port: int):
     """A relay process (a plain subprocess here) and a local listener carried through it."""
-    relay = RelayClient([sys.executable, "-m", "eray_provider.relay", f"127.0.0.1:{server_port}"])
+    relay = RelayClient([sys.executable, "-m", RELAY, f"127.0.0.1:{server_port}"])
     listener = socket.create_server(("127.0.0.1", 0))
 
     def accept() -> None:

@@ -8,8 +8,9 @@ import pytest
 from testbed_support import Testbed
 
 from eray_provider import DistributedConfig
-from eray_provider.allocation import AllocationError
-from eray_provider.distributed import local_device_ids, step_layout
+from eray_provider.jax.distributed import local_device_ids
+from eray_provider.slurm.allocation import AllocationError
+from eray_provider.slurm.step import step_layout
 
 STEP = {
     "SLURM_JOB_ID": "42",
@@ -70,9 +71,9 @@ def test_srun_three_tasks_get_one_jax_world(testbed: Testbed, allocation: str) -
 
 
 def test_step_cluster_names_are_unique_per_srun_and_batch_steps_are_not_steps() -> None:
-    from eray_provider.ray_cluster import step_cluster_name
-    from eray_provider.slurm_cli import cluster_name
-    from eray_provider.slurm_env import in_srun_step
+    from eray_provider.runtime.ray_cluster import step_cluster_name
+    from eray_provider.slurm.client import cluster_name
+    from eray_provider.slurm.env import in_srun_step
 
     a = {
         "SLURM_PROCID": "0",

@@ -11,18 +11,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from eray_provider.allocation import Allocation, NodeShare
-from eray_provider.cluster_config import ClusterConfigError
-from eray_provider.elastic_config import fill_elastic_config, head_mode
-from eray_provider.node_spec import memory_split
-from eray_provider.sbatch import (
+from eray_provider.plan.cluster_config import ClusterConfigError
+from eray_provider.plan.elastic_config import fill_elastic_config, head_mode
+from eray_provider.plan.node_spec import memory_split
+from eray_provider.plan.sbatch import (
     SbatchRequest,
     SbatchRequestError,
     elastic_node_id,
     parse_mem,
     parse_squeue,
 )
-from eray_provider.slurm_jobs import batch_script, sbatch_argv
+from eray_provider.runtime.slurm_jobs import batch_script, sbatch_argv
+from eray_provider.slurm.allocation import Allocation, NodeShare
 
 YAML = yaml.safe_load((Path(__file__).parent.parent / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
 
@@ -132,7 +132,7 @@ def test_sbatch_line_and_script() -> None:
     assert "--test-only" in sbatch_argv(req, "x", Path("/dev/null"), test_only=True)
     script = batch_script("/venv/bin/python")
     assert script.startswith("#!/bin/bash\n") and "srun --ntasks-per-node=1" in script
-    assert script.rstrip().endswith("/venv/bin/python -m eray_provider.node_run")
+    assert script.rstrip().endswith("/venv/bin/python -m eray_provider.runtime.node_run")
 
 
 def test_shipped_yaml_fills_and_passes_rays_validation() -> None:
@@ -193,7 +193,7 @@ def test_elastic_config_errors() -> None:
 
 
 def test_clean_env_drops_the_slurm_commands_input_variables() -> None:
-    from eray_provider.srun import clean_env
+    from eray_provider.slurm.srun import clean_env
 
     env = {
         "SBATCH_EXPORT": "NONE",
@@ -212,7 +212,7 @@ def test_clean_env_drops_the_slurm_commands_input_variables() -> None:
 
 
 def test_a_dotted_elastic_cluster_name_is_refused() -> None:
-    from eray_provider.names import ClusterNameError
+    from eray_provider.plan.names import ClusterNameError
 
     config = copy.deepcopy(YAML)
     config["cluster_name"] = "sweep.2"
@@ -221,8 +221,8 @@ def test_a_dotted_elastic_cluster_name_is_refused() -> None:
 
 
 def test_pending_worker_jobs_are_said_once_per_reason() -> None:
-    from eray_provider.elastic import pending_news
-    from eray_provider.sbatch import JobInfo
+    from eray_provider.autoscaler.elastic import pending_news
+    from eray_provider.plan.sbatch import JobInfo
 
     def jobs(reason12: str) -> dict[str, JobInfo]:
         return {

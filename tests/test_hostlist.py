@@ -10,7 +10,7 @@ from hostlist_cases import expression, names
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eray_provider.hostlist import MAX_NAMES, MAX_RANGE, HostlistError, compress, expand, expand_counts
+from eray_provider.slurm.hostlist import MAX_NAMES, MAX_RANGE, HostlistError, compress, expand, expand_counts
 
 # Captured from scontrol show hostnames (Slurm 22.05.8).
 SCONTROL_HOSTNAMES = {

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import jax
 
-from eray_provider.jax_compat import distributed_initialized, enable_cpu_collectives, initialize_options
+from eray_provider.jax.compat import distributed_initialized, enable_cpu_collectives, initialize_options
 
 
 def test_not_initialized_in_a_fresh_process_on_this_jax() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eray_provider import jax as ejax
-from eray_provider.jax_hook import ENV_USER_HOOK, SETUP_HOOK, runtime_env_hook
+from eray_provider.jax.hook import ENV_USER_HOOK, SETUP_HOOK, runtime_env_hook
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eray_provider.cluster_config import fill_config
-from eray_provider.cluster_state import ClusterState
-from eray_provider.names import (
+from eray_provider.plan.cluster_config import fill_config
+from eray_provider.plan.names import (
     ClusterNameError,
     check_cluster_name,
     head_job_name,
@@ -19,7 +18,8 @@ from eray_provider.names import (
     step_name,
     worker_job_name,
 )
-from eray_provider.ray_cluster import _leftover_job, step_cluster_name
+from eray_provider.runtime.cluster_state import ClusterState
+from eray_provider.runtime.ray_cluster import _leftover_job, step_cluster_name
 
 NAME = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_@-]{0,20}", fullmatch=True)
 

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from eray_provider import launch
-from eray_provider.allocation import Allocation, NodeShare
-from eray_provider.port_probe import (
+from eray_provider.plan.modules import PORT_PROBE
+from eray_provider.plan.ports import Excluded, candidates
+from eray_provider.runtime import launch
+from eray_provider.runtime.port_probe import (
     NodeReport,
     ProbeError,
     check_answered,
@@ -17,7 +18,7 @@ from eray_provider.port_probe import (
     format_report,
     parse_reports,
 )
-from eray_provider.ports import Excluded, candidates
+from eray_provider.slurm.allocation import Allocation, NodeShare
 
 
 def test_report_round_trip_and_merge_of_every_nodes_ranges() -> None:
@@ -66,7 +67,7 @@ def test_a_node_that_did_not_answer_is_named() -> None:
 
 def test_the_probe_runs_and_reports_this_node(tmp_path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "eray_provider.port_probe", "1", "2"],
+        [sys.executable, "-m", PORT_PROBE, "1", "2"],
         capture_output=True,
         text=True,
         env={"SLURMD_NODENAME": "nodeX", "PATH": "/usr/bin:/bin"},
@@ -76,7 +77,10 @@ def test_the_probe_runs_and_reports_this_node(tmp_path) -> None:
     report = parse_reports(out.stdout)["nodeX"]
     assert report.ephemeral is None or report.ephemeral[0] <= report.ephemeral[1]
     bad = subprocess.run(
-        [sys.executable, "-m", "eray_provider.port_probe", "80x"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", PORT_PROBE, "80x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bad.returncode == 2 and "'80x'" in bad.stderr
 
@@ -98,7 +102,7 @@ def _fake_srun(monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, 
     calls: list[list[int]] = []
 
     def run(argv, **kwargs):
-        ports = [int(p) for p in argv[argv.index("eray_provider.port_probe") + 1 :]]
+        ports = [int(p) for p in argv[argv.index(PORT_PROBE) + 1 :]]
         calls.append(ports)
         lines = []
         for node, (lo, hi) in ranges.items():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from eray_provider.ports import (
+from eray_provider.plan.ports import (
     BLOCK,
     COORDINATOR_COUNT,
     COORDINATOR_FIRST,

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from eray_provider.process_identity import identity, parse_identity, signal_command, start_time
+from eray_provider.runtime.process_identity import identity, parse_identity, signal_command, start_time
 
 
 def _wait_dead(proc: subprocess.Popen, timeout: float = 10) -> bool:

@@ -14,8 +14,8 @@ import pytest
 import ray
 from ray.autoscaler._private import commands
 
-from eray_provider import ray_compat
-from eray_provider.ray_compat import UnsupportedRayError, check_version, parse_version
+from eray_provider.runtime import ray_compat
+from eray_provider.runtime.ray_compat import UnsupportedRayError, check_version, parse_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def test_ray_up_on_a_ray_outside_the_range(tmp_path, fake: str, needle: str, cod
 
 def test_eray_provider_run_and_auto_ray_cluster_refuse_before_starting_anything(monkeypatch) -> None:
     """``batch.start_cluster`` (under both) checks the version before it touches the state."""
-    from eray_provider import batch
+    from eray_provider.runtime import batch
 
     class Untouchable:
         def __getattr__(self, name):

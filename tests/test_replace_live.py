@@ -23,7 +23,7 @@ import yaml
 from test_elastic_live import ElasticCluster
 from testbed_support import REPO, Testbed
 
-from eray_provider.cluster_state import ClusterState
+from eray_provider.runtime.cluster_state import ClusterState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 

@@ -12,8 +12,8 @@ import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS
 from test_slurm_failures import _provider, fake
 
-from eray_provider.cluster_state import READ_FRESH_SECONDS, ClusterState
-from eray_provider.views import LiveView, Memo
+from eray_provider.autoscaler.views import LiveView, Memo
+from eray_provider.runtime.cluster_state import READ_FRESH_SECONDS, ClusterState
 
 LISTING = "echo '77.0 eray.c.head.1'; echo '77.1 eray.c.worker.2'\n"
 

@@ -34,9 +34,9 @@ from ray.autoscaler._private.util import prepare_config
 from ray_cluster_support import Cluster, node_tmp_entries
 from testbed_support import REPO, Testbed, other_user, require
 
-from eray_provider.config_cache import cache_path
-from eray_provider.provider import SlurmNodeProvider
-from eray_provider.ray_compat import AGENT_HTTP_TOKEN_CHECK, WORKER_TEMP_DIR_FROM_HEAD
+from eray_provider.autoscaler.config_cache import cache_path
+from eray_provider.autoscaler.provider import SlurmNodeProvider
+from eray_provider.runtime.ray_compat import AGENT_HTTP_TOKEN_CHECK, WORKER_TEMP_DIR_FROM_HEAD
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 

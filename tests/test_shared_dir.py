@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from eray_provider.shared_dir import SharedDir, SharedDirError
+from eray_provider.runtime.shared_dir import SharedDir, SharedDirError
 
 
 def test_made_private_and_removed_by_its_only_user(tmp_path) -> None:

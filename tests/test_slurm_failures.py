@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 
-from eray_provider.allocation import Allocation, NodeShare
-from eray_provider.cluster_config import fill_config
-from eray_provider.cluster_state import ClusterState, ClusterStoppingError
-from eray_provider.launch import TeardownError, encode_node_ids, teardown
-from eray_provider.node_run import NodeRunError, node_id_from
-from eray_provider.ports import choose_plan
-from eray_provider.slurm_cli import SlurmAnswerError, SlurmCommandError, run_slurm
-from eray_provider.srun import list_steps
+from eray_provider.plan.cluster_config import fill_config
+from eray_provider.plan.ports import choose_plan
+from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
+from eray_provider.runtime.launch import TeardownError, encode_node_ids, teardown
+from eray_provider.runtime.node_run import NodeRunError, node_id_from
+from eray_provider.slurm.allocation import Allocation, NodeShare
+from eray_provider.slurm.client import SlurmAnswerError, SlurmCommandError, run_slurm
+from eray_provider.slurm.srun import list_steps
 
 
 def fake(bindir: Path, name: str, body: str) -> Path:
@@ -113,7 +113,7 @@ def test_node_ids_of_10000_nodes_fit_in_a_few_bytes() -> None:
 
 # ---------------------------------------------------------------------- the provider
 def _provider(tmp_path: Path, nodes: int = 3):
-    from eray_provider.provider import SlurmNodeProvider
+    from eray_provider.autoscaler.provider import SlurmNodeProvider
 
     alloc = Allocation("77", tuple(NodeShare(f"n{i}", 2, 0, None, 4000) for i in range(1, nodes + 1)))
     base = {

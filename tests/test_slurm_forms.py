@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from eray_provider import slurm_cli
-from eray_provider.allocation import AllocationError
-from eray_provider.distributed import DistributedConfig, local_device_ids, step_layout
-from eray_provider.ports import job_coordinator_port
-from eray_provider.scontrol import parse_job
-from eray_provider.slurm_env import allocation_from_env, in_srun_step
+from eray_provider.jax.distributed import DistributedConfig, local_device_ids
+from eray_provider.plan.ports import job_coordinator_port
+from eray_provider.runtime import port_probe
+from eray_provider.slurm import client as slurm_cli
+from eray_provider.slurm.allocation import AllocationError
+from eray_provider.slurm.env import allocation_from_env, in_srun_step
+from eray_provider.slurm.scontrol import parse_job
+from eray_provider.slurm.step import step_layout
 
 
 def rank_env(procid: int, node: str, localid: int, **extra: str) -> dict[str, str]:
@@ -51,7 +53,7 @@ def test_ranks_on_nodes_with_different_port_ranges_and_a_dead_scontrol_agree(mon
     coordinators = set()
     for procid, node, localid in RANKS:
         # each rank's node has its own ephemeral range; none of it may matter
-        monkeypatch.setattr(slurm_cli, "ephemeral_range", lambda node=node: node_ranges[node])
+        monkeypatch.setattr(port_probe, "ephemeral_range", lambda node=node: node_ranges[node])
         resolved = DistributedConfig().resolve(rank_env(procid, node, localid))
         assert resolved is not None and resolved.process_id == procid and resolved.num_processes == 4
         coordinators.add(resolved.coordinator)
@@ -60,7 +62,7 @@ def test_ranks_on_nodes_with_different_port_ranges_and_a_dead_scontrol_agree(mon
 
 
 def test_every_rank_names_the_step_cluster_alike_without_scontrol(monkeypatch) -> None:
-    from eray_provider.ray_cluster import step_cluster_name
+    from eray_provider.runtime.ray_cluster import step_cluster_name
 
     monkeypatch.setattr(slurm_cli, "run_slurm", lambda *a, **k: pytest.fail("scontrol called by a rank"))
     names = {
@@ -271,7 +273,7 @@ def test_a_node_count_that_disagrees_with_the_node_list_is_named(var) -> None:
 
 
 def test_srun_of_eray_provider_run_starts_one_cluster_from_the_first_task(monkeypatch) -> None:
-    from eray_provider import batch
+    from eray_provider.runtime import batch
 
     started: list[str] = []
 

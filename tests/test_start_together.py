@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from eray_provider.cluster_state import ClusterState, ClusterStoppingError
-from eray_provider.launch import AliveWatch, LaunchError
-from eray_provider.node_run import NodeRunError, wait_for_head
+from eray_provider.plan.modules import GCS_PROBE
+from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
+from eray_provider.runtime.launch import AliveWatch, LaunchError
+from eray_provider.runtime.node_run import NodeRunError, wait_for_head
 
 
 def _state(tmp_path: Path) -> ClusterState:
@@ -81,7 +82,7 @@ def test_the_gcs_watcher_reports_what_is_missing(tmp_path: Path) -> None:
         assert watch.wait(["n1.1"], timeout=60) == ["n1.1"]  # the watcher ended
         assert watch.wait(["n1.1", "n2.2"], timeout=60) == ["n1.1", "n2.2"]
     proc = subprocess.run(
-        [sys.executable, "-m", "eray_provider.gcs_probe", address, "--wait", "--timeout=0.5"],
+        [sys.executable, "-m", GCS_PROBE, address, "--wait", "--timeout=0.5"],
         input="n1.1\n",
         capture_output=True,
         text=True,
@@ -101,8 +102,8 @@ def test_the_gcs_watch_ends_when_a_node_exits(tmp_path: Path) -> None:
 
 
 def test_join_progress_says_who_is_missing_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from eray_provider import join_progress
-    from eray_provider.join_progress import JoinProgress, progress_line, why_missing
+    from eray_provider.plan import join_progress
+    from eray_provider.plan.join_progress import JoinProgress, progress_line, why_missing
 
     markers = {"a.tmpdir", "b.tmpdir", "b.ip", "c.tmpdir", "c.exit"}
     assert why_missing("a", markers, {}) == "setting up"

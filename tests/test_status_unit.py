@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from eray_provider.cli import main
-from eray_provider.cluster_config import ClusterConfigError, common_provider_keys
-from eray_provider.cluster_logs import find_cluster, node_logs, pick
-from eray_provider.cluster_state import ClusterState
-from eray_provider.cluster_status import down_status, summarize
-from eray_provider.node_logs import (
-    DEFAULT_CAP_MB,
+from eray_provider.plan.cluster_config import DEFAULT_CAP_MB, ClusterConfigError, common_provider_keys
+from eray_provider.plan.cluster_status import down_status, summarize
+from eray_provider.plan.ports import choose_plan
+from eray_provider.plan.sbatch import JobInfo
+from eray_provider.runtime.cluster_logs import find_cluster, node_logs, pick
+from eray_provider.runtime.cluster_state import ClusterState
+from eray_provider.runtime.node_logs import (
     KEEP_SESSIONS,
     MIN_TAIL_BYTES,
     collect,
@@ -25,9 +26,7 @@ from eray_provider.node_logs import (
     plan_collection,
     select,
 )
-from eray_provider.ports import choose_plan
-from eray_provider.sbatch import JobInfo
-from eray_provider.status import PruneError, format_table, gather, prune, state_dirs, to_json
+from eray_provider.runtime.status import PruneError, format_table, gather, prune, state_dirs, to_json
 
 PLAN = choose_plan("77", [])
 

@@ -12,10 +12,10 @@ import pytest
 from hostlist_cases import expression, names
 from testbed_support import Testbed
 
-from eray_provider.hostlist import HostlistError, compress, expand
-from eray_provider.scontrol import parse_job
-from eray_provider.slurm_cli import load_allocation
-from eray_provider.slurm_env import allocation_from_env
+from eray_provider.slurm.client import load_allocation
+from eray_provider.slurm.env import allocation_from_env
+from eray_provider.slurm.hostlist import HostlistError, compress, expand
+from eray_provider.slurm.scontrol import parse_job
 
 pytestmark = pytest.mark.slurm
 

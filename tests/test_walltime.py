@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eray_provider.allocation import NodeShare
-from eray_provider.cluster_config import ClusterConfigError, common_provider_keys
-from eray_provider.cluster_state import ClusterState
-from eray_provider.elastic_config import fill_elastic_config
-from eray_provider.end_watch import Pairs, gcs_needed
-from eray_provider.node_spec import ray_labels
-from eray_provider.sbatch import JobInfo, SbatchRequest
-from eray_provider.scontrol import ENDS, PREEMPTED_REQUEUE, REQUEUED, parse_job, requeue_verdict
-from eray_provider.slurm_jobs import sbatch_argv
-from eray_provider.walltime import (
+from eray_provider.plan.cluster_config import ClusterConfigError, common_provider_keys
+from eray_provider.plan.elastic_config import fill_elastic_config
+from eray_provider.plan.node_spec import ray_labels
+from eray_provider.plan.sbatch import JobInfo, SbatchRequest
+from eray_provider.runtime.cluster_state import ClusterState
+from eray_provider.runtime.end_watch import Pairs, gcs_needed
+from eray_provider.runtime.slurm_jobs import sbatch_argv
+from eray_provider.slurm.allocation import NodeShare
+from eray_provider.slurm.scontrol import ENDS, PREEMPTED_REQUEUE, REQUEUED, parse_job, requeue_verdict
+from eray_provider.slurm.walltime import (
     EndingJob,
     RayNode,
     WalltimeError,
@@ -205,7 +205,7 @@ def test_a_replaced_node_is_drained_once_its_replacement_joined() -> None:
 
 
 def test_replace_keys_are_checked() -> None:
-    from eray_provider.cluster_config import lead_seconds
+    from eray_provider.plan.cluster_config import lead_seconds
 
     assert lead_seconds({}, "replace_before_end_s", 600, "x") == 600
     for bad in (-1, "60", True, 8 * 86400):
@@ -214,8 +214,8 @@ def test_replace_keys_are_checked() -> None:
 
 
 def test_a_node_being_replaced_drains_later_and_is_signalled_later() -> None:
-    from eray_provider.end_watch import job_ends
-    from eray_provider.sbatch import JobInfo
+    from eray_provider.plan.sbatch import JobInfo
+    from eray_provider.runtime.end_watch import job_ends
 
     # a 3-minute job: drained 90 s before its end (half the limit), 45 s while replaced
     assert worker_lead(300, 180, replaced=False) == 90

@@ -16,7 +16,7 @@ import pytest
 from ray_cluster_support import Cluster, node_tmp_entries, wait_gone
 from testbed_support import REPO, Testbed
 
-from eray_provider.walltime import parse_timestamp
+from eray_provider.slurm.walltime import parse_timestamp
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 

@@ -16,7 +16,7 @@ import time
 
 import ray
 
-from eray_provider.ray_compat import draining_nodes
+from eray_provider.runtime.ray_compat import draining_nodes
 
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 150.0
 WORKERS = int(sys.argv[2]) if len(sys.argv) > 2 else 2

@@ -11,7 +11,7 @@ import time
 import ray
 
 from eray_provider.jax import DrainNotice, ProcessGroup, drain_notice
-from eray_provider.ray_compat import draining_nodes
+from eray_provider.runtime.ray_compat import draining_nodes
 
 WAIT = float(sys.argv[1]) if len(sys.argv) > 1 else 150.0
 

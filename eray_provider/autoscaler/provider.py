@@ -1,0 +1,535 @@
+"""``SlurmNodeProvider``: a SLURM allocation as a Ray cluster, for Ray's cluster launcher.
+
+Use ``provider: {type: external, module: eray_provider.SlurmNodeProvider}``. Head =
+first node of the job, workers = the others, each with exactly its SLURM share. Ray
+nodes are reached with srun (``SrunCommandRunner``), never ssh; each lives in a step of
+its own that dies with the job. All state is in ``ClusterState`` because Ray builds a
+provider in every CLI process and in the head's monitor.
+
+Liveness is cheap: the node records are read from a file cached by mtime, and the job's
+steps come from one ``squeue`` call at most every ``STEP_CACHE_SECONDS``, shared by
+all nodes (no subprocess per node, no O(N^2)).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import time
+from typing import Any
+
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_NAME,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
+from ..plan.cluster_config import FILLED, fill_config, gone_config
+from ..plan.node_spec import worker_types
+from ..runtime.cluster_state import ClusterState, ClusterStoppingError
+from ..runtime.launch import (
+    STEP_GRACE_SECONDS,
+    LaunchError,
+    ensure_port_plan,
+    gcs_alive,
+    head_log,
+    launch_workers,
+    start_head,
+    teardown,
+    wait_head_ready,
+    wait_joined,
+)
+from ..runtime.process_identity import signal_command
+from ..runtime.ray_compat import cli_logger, require_supported_ray
+from ..slurm.allocation import Allocation, AllocationError, JobGoneError
+from ..slurm.client import SlurmCommandError, known_cluster_name, load_allocation, slurm_timeout
+from ..slurm.env import job_id_from_env
+from ..slurm.srun import cancel_steps, job_state, list_steps, run_step, srun_argv
+from .command_runner import SrunCommandRunner
+from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
+from .views import LiveView, Memo, ReadOnlyTags
+
+logger = logging.getLogger(__name__)
+
+STEP_CACHE_SECONDS = 5.0
+#: The step list before squeue has answered once: launched nodes count as alive, because
+#: a failed squeue is not SLURM saying they ended (a second head would follow).
+UNKNOWN: dict[str, str] = {}
+#: Seconds the srun that signals one node's process may take.
+SIGNAL_TIMEOUT = 60.0
+#: How long ``ray up`` waits for the workers launched with the head to join.
+WORKERS_JOIN_TIMEOUT = 300.0
+#: How long a node also answers to the tags a racing create_node asked for.
+REQUESTED_TAGS_SECONDS = 120.0
+_CACHES_TO_REMOVE: set[str] = set()
+#: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
+Answers = dict[str, tuple[ReadOnlyTags, bool]]
+
+
+def _fixed_worker(rec: dict[str, Any]) -> bool:
+    """A worker of the allocation that is not terminated (elastic workers are jobs)."""
+    return rec["role"] == "worker" and not rec.get("terminated") and "slurm_job" not in rec
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _say(line: str) -> None:
+    cli_logger.print(f"eray-provider: {line}")
+
+
+class SlurmNodeProvider(NodeProvider):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        super().__init__(provider_config, cluster_name)
+        job = provider_config.get("job_id")
+        if not job:
+            raise AllocationError("provider.job_id is missing: the config was not bootstrapped")
+        self._check_cached_config(provider_config)
+        self.python = provider_config.get("python") or "python3"
+        self._bind(str(job))
+        if provider_config.get("job_gone"):
+            # SLURM ended every process of the job; what is left is our bookkeeping
+            self.state.remove()
+
+    def _bind(self, job_id: str) -> None:
+        """Attach to the cluster of ``job_id`` (the job that holds the head)."""
+        self.job_id = job_id
+        self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
+        self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
+        self._steps_error: SlurmCommandError | None = None
+        self._live = LiveView()
+        self._round: Memo[Answers] = Memo()
+        self._answers: Answers = {}
+        self._ips: dict[str, str] = {}
+        self._names: Memo[dict[str, str]] = Memo()
+
+    def _drop_views(self) -> None:
+        """After this provider's own writes, and under the lock where other processes'
+        writes must count: the next call computes from the state file again."""
+        self._live.drop()
+        self._answers = {}
+
+    @staticmethod
+    def _check_cached_config(provider_config: dict[str, Any]) -> None:
+        """Ray caches bootstrapped configs in /tmp keyed by the YAML's content, so a cache
+        written in one job would silently be reused in the next. The cache is removed when
+        this process exits, a cache that is not provably ours (``config_cache``) is
+        refused, and a cache from another job (a crash, an older version) is refused and
+        removed."""
+        cache = provider_config.get("_config_cache_path")
+        if not cache:
+            return
+        try:
+            refuse_unsafe(cache)  # before anything of the cached config is used
+        except UnsafeConfigCacheError as e:
+            cli_logger.abort(str(e))
+        if cache not in _CACHES_TO_REMOVE:
+            _CACHES_TO_REMOVE.add(cache)
+            atexit.register(_unlink_quietly, cache)
+        env_job = job_id_from_env(os.environ)
+        if not provider_config.get("job_id_from_config") and env_job not in (
+            None,
+            str(provider_config.get("job_id")),
+        ):
+            _unlink_quietly(cache)
+            raise AllocationError(
+                f"Ray's cached config {cache} is for job {provider_config.get('job_id')}, but this "
+                f"is job {env_job}; the stale cache was removed: run the command again "
+                "(or pass --no-config-cache)"
+            )
+
+    # ------------------------------------------------------------------ config
+    @staticmethod
+    def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """Called by Ray before validation: fill node types from the SLURM allocation."""
+        require_supported_ray()
+        provider = cluster_config["provider"]
+        if provider.get(FILLED):
+            return cluster_config
+        cache = cache_path(cluster_config)  # Ray's key: the config as Ray hashed it
+        job = provider.get("job_id")
+        try:
+            alloc = load_allocation(str(job) if job is not None else None)
+            if alloc.state not in (None, "RUNNING"):
+                raise JobGoneError(f"job {alloc.job_id} is {alloc.state}")
+        except JobGoneError as e:
+            logger.warning("%s: the cluster on it is gone", e)
+            job_id = str(job) if job is not None else job_id_from_env(os.environ)
+            filled = gone_config(cluster_config, str(job_id), str(e))
+        else:
+            filled = fill_config(cluster_config, alloc)
+        filled["provider"].update(job_id_from_config=job is not None, _eray_cache_path=cache)
+        return filled
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """The last step before Ray writes its config cache: create that file ourselves,
+        private, so Ray's write never follows a planted link or lands in another user's
+        file (see ``config_cache``)."""
+        path = cluster_config["provider"].get("_eray_cache_path")
+        if path:
+            cluster_config["provider"]["_config_cache_path"] = path
+            try:
+                write_private(path, cluster_config)
+            except UnsafeConfigCacheError as e:
+                cli_logger.abort(str(e))
+        return cluster_config
+
+    def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """The head's copy of the config does not name the launcher's config cache: that
+        path means nothing on the head node (whose /tmp another user could fill)."""
+        for key in ("_config_cache_path", "_eray_cache_path"):
+            cluster_config["provider"].pop(key, None)
+        return cluster_config
+
+    # ------------------------------------------------------------------ node records
+    def _records(self) -> dict[str, dict[str, Any]]:
+        return self.state.read()["nodes"]
+
+    def _job_steps(self) -> dict[str, str] | None:
+        """Step id -> name for the job, refreshed at most every STEP_CACHE_SECONDS; None
+        when SLURM says the job has ended; ``UNKNOWN`` until squeue has answered once.
+        A failed squeue keeps the last answer (it says nothing about the steps)."""
+        stamp, steps = self._steps
+        if time.monotonic() - stamp > STEP_CACHE_SECONDS:
+            try:
+                steps = list_steps(self.job_id)
+                self._steps_error = None
+            except SlurmCommandError as e:
+                logger.warning("squeue failed, keeping the last step list: %s", e)
+                self._steps_error = e
+            self._steps = (time.monotonic(), steps)
+        return steps
+
+    def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
+        if rec.get("terminated"):
+            return False
+        if f"{node_id}.exit" in markers:
+            return False
+        launched = rec.get("launched")
+        if not launched:
+            return True  # created, start command not run yet
+        if steps is None:
+            return False  # SLURM says the job has ended
+        if steps is UNKNOWN or rec.get("step_name") in steps:
+            return True
+        return time.time() - launched < STEP_GRACE_SECONDS
+
+    def _alive_ids(self) -> list[str]:
+        """Ids of live nodes; recomputed only when the records, markers or steps changed."""
+        return self._alive_view()[0]
+
+    def _alive_view(self) -> tuple[list[str], frozenset[str]]:
+        """(live ids in record order, the same as a set for O(1) ``is_running`` and
+        ``is_terminated``); one pass over the records per change, whatever N."""
+        return self._live.get(self._alive_inputs, self._compute_alive)
+
+    def _alive_inputs(self) -> tuple:
+        records = self._records()
+        markers = self.state.markers()
+        needs_steps = any(r.get("launched") and not r.get("terminated") for r in records.values())
+        steps = self._job_steps() if needs_steps else {}
+        return records, markers, self._step_names(steps) if steps else steps
+
+    def _compute_alive(self, records, markers, steps) -> list[str]:
+        return [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
+
+    def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
+        """The listing keyed by step name (one dict per listing, kept for its identity)."""
+        return self._names.get((steps,), lambda s: {name: sid for sid, name in s.items()})
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        """The live nodes; their tags and running state are kept as this round's answers
+        to ``node_tags`` and ``is_running`` (``_answers``), as Ray's own cloud providers
+        cache them from their last listing: the autoscaler asks both of every node right
+        after this call, and a dict lookup each is what 10,000 nodes can afford. The
+        answers are computed again only when the records or listings changed, and
+        forgotten on this provider's own writes."""
+        self._answers = answers = self._round.get(self._round_inputs(), self._compute_answers)
+        if not tag_filters:
+            return list(answers)
+        records = self._records()
+        return [
+            i
+            for i, (tags, _) in answers.items()
+            if self._matches(records.get(i) or {"tags": tags}, tag_filters)
+        ]
+
+    def _round_inputs(self) -> tuple:
+        return self._alive_ids(), self._records()
+
+    def _compute_answers(self, alive: list[str], records: dict[str, dict[str, Any]]) -> Answers:
+        answers: Answers = {}
+        for node_id in alive:
+            rec = records.get(node_id)
+            if rec is not None:  # None: the state was removed since the view was computed
+                answers[node_id] = (ReadOnlyTags(rec["tags"]), bool(rec.get("launched")))
+        return answers
+
+    @staticmethod
+    def _matches(rec: dict[str, Any], tag_filters: dict[str, str]) -> bool:
+        """Tags match; a node also matches, for a while, the tags it was last requested
+        with, because ``ray up`` looks a new head up by the exact tags it asked for."""
+        candidates = [rec["tags"]]
+        requested = rec.get("requested")
+        if requested and time.time() - requested["at"] < REQUESTED_TAGS_SECONDS:
+            candidates.append(requested["tags"])
+        return any(all(t.get(k) == v for k, v in tag_filters.items()) for t in candidates)
+
+    def is_running(self, node_id: str) -> bool:
+        answer = self._answers.get(node_id)
+        return answer[1] if answer is not None else self._read_running(node_id)
+
+    def _read_running(self, node_id: str) -> bool:
+        rec = self._records().get(node_id)
+        return bool(rec and rec.get("launched") and node_id in self._alive_view()[1])
+
+    def is_terminated(self, node_id: str) -> bool:
+        """Not from the round's answers: Ray's updater polls it alone, in wait loops."""
+        return node_id not in self._alive_view()[1]
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        """The node's tags: from the round's answers a read-only dict (``ReadOnlyTags``,
+        shared between calls), else a copy read from the state."""
+        answer = self._answers.get(node_id)
+        return answer[0] if answer is not None else self._read_tags(node_id)
+
+    def _read_tags(self, node_id: str) -> dict[str, str]:
+        rec = self._records().get(node_id)
+        return dict(rec["tags"]) if rec else {}
+
+    def internal_ip(self, node_id: str) -> str:
+        """The address the node's Ray runs on; cached, because Ray's autoscaler asks it of
+        every node each round and a node id's address never changes (a node started again
+        gets a new id)."""
+        if node_id in self._ips:
+            return self._ips[node_id]
+        ip = self.state.read_marker(node_id, "ip")
+        if ip:
+            self._ips[node_id] = ip
+            return ip
+        rec = self._records().get(node_id)
+        return rec["slurm_node"] if rec else node_id
+
+    def external_ip(self, node_id: str) -> str:
+        return self.internal_ip(node_id)
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        def apply(doc):
+            if node_id in doc["nodes"]:
+                doc["nodes"][node_id]["tags"].update(tags)
+
+        self.state.update(apply)
+        self._answers = {}
+
+    # ------------------------------------------------------------------ create / terminate
+    def _allocation(self) -> Allocation:
+        return Allocation.from_dict(self.provider_config["allocation"])
+
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
+        if self.provider_config.get("job_gone"):
+            raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
+        wanted = list(node_config.get("slurm_nodes") or [])
+        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            try:
+                self._create_head(wanted[0], tags)
+            except ClusterStoppingError as e:
+                cli_logger.abort(str(e))  # `ray up` of a cluster whose `ray down` did not finish
+            return None
+        self._create_workers(wanted, tags, count)
+        return None
+
+    def _create_head(self, slurm_node: str, tags: dict[str, str]) -> str:
+        state = self.state
+        if job_state(self.job_id) != "RUNNING":
+            raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
+        with state.lock(timeout=300, creating=True):
+            state.create(slurm_cluster=known_cluster_name(os.environ))
+            state.check_launchable()
+            self._drop_views()  # under the lock: what other processes wrote counts
+            live = self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD})
+            if live:
+                # a racing `ray up` created it: let this caller find it under its own tags
+                logger.info("head %s already exists", live[0])
+
+                def adopt(doc):
+                    doc["nodes"][live[0]]["requested"] = {"tags": dict(tags), "at": time.time()}
+
+                state.update(adopt)
+                return live[0]
+            ensure_port_plan(state, self._allocation(), self.python)
+            state.save_cluster_config({"provider": self.provider_config})
+            (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
+        self._drop_views()
+        self._start_workers_with_head()
+        return node_id
+
+    def _start_workers_with_head(self) -> None:
+        """A cluster of fixed nodes starts every node at once: the workers that the head's
+        autoscaler would launch once the head is up (``min_workers`` of each type, that
+        is every node of the allocation) are launched now, with the head, and wait on
+        their nodes for its GCS (``node_run.wait_for_head``). The autoscaler finds them
+        among this provider's nodes and adopts them (Ray matches its nodes to them by
+        ``RAY_CLOUD_INSTANCE_ID``); a worker that ends later is replaced by it."""
+        for node_type, shares in worker_types(self._allocation()).items():
+            tags = {
+                TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+                TAG_RAY_USER_NODE_TYPE: node_type,
+                TAG_RAY_NODE_NAME: f"ray-{self.cluster_name}-worker",
+            }
+            self._create_workers([s.name for s in shares], tags, len(shares))
+
+    def _create_workers(self, candidates: list[str], tags: dict[str, str], count: int) -> None:
+        tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
+        drained = self.state.drained()
+        if drained:
+            # the job ends within the drain lead (end_watch drained its workers, whose
+            # raylets stop once idle): a new node would be drained again at once
+            logger.info("not launching %d worker(s): %s", count, drained)
+            return
+        with self.state.lock(timeout=120):
+            self.state.check_launchable()
+            self._drop_views()  # under the lock: what other processes wrote counts
+            alive = self._alive_view()[1]
+            busy = {rec["slurm_node"] for node_id, rec in self._records().items() if node_id in alive}
+            free = [n for n in candidates if n not in busy][:count]
+            if len(free) < count:
+                logger.warning("asked for %d workers, only %d SLURM nodes are free", count, len(free))
+            if not free:
+                return
+            ids = dict(zip(free, self.state.add_nodes([(n, "worker", tags) for n in free])))
+            batch = self.state.read()["next_gen"]
+        self._drop_views()
+        launch_workers(self.state, ids, tags[TAG_RAY_USER_NODE_TYPE], self.python, batch)
+
+    def launch_head_node(self, node_id: str, extra_env: dict[str, str]) -> None:
+        """The head's start command under ``ray up``: start it, wait until it is alive, then
+        (``provider.wait_for_workers``, default true) until the workers launched with it
+        have joined, and say how many nodes are alive."""
+        rec = self._records()[node_id]
+        launched = [i for i, r in self._records().items() if _fixed_worker(r) and r.get("launched")]
+        workers = launched if self.provider_config.get("wait_for_workers", True) else []
+        try:
+            proc = start_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
+            watch = wait_head_ready(
+                self.state,
+                node_id,
+                proc,
+                head_log(self.state, node_id),
+                workers=workers,
+                workers_timeout=WORKERS_JOIN_TIMEOUT,
+            )
+        except (LaunchError, ClusterStoppingError) as e:
+            cli_logger.abort(str(e))
+        address = watch.address
+        logger.info("head %s alive at %s", node_id, address)
+        with watch:
+            if not workers:
+                cli_logger.print(
+                    f"eray-provider: head alive at {address}; {len(launched)} worker(s) starting"
+                )
+                return
+            total = len(workers) + 1
+            try:
+                wait_joined(self.state, watch, workers, WORKERS_JOIN_TIMEOUT, say=_say, already=1)
+                counted = f"{total} of {total} nodes alive"
+            except (LaunchError, TimeoutError) as e:
+                cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")
+                alive = gcs_alive(self.state, address)
+                counted = (
+                    f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
+                )
+            _say(f"{counted} (head at {address})")
+
+    def stop_all(self) -> None:
+        """``ray stop`` of this cluster: its steps only, then temp dirs and state
+        (``launch.teardown``; the state stays when SLURM cannot say the steps ended)."""
+        teardown(self.state)
+
+    def terminate_node(self, node_id: str) -> None:
+        self.terminate_nodes([node_id])
+
+    def terminate_nodes(self, node_ids: list[str]) -> None:
+        records = self._records()
+        targets = [i for i in node_ids if i in records]
+        if not targets:
+            return
+        steps = self._job_steps()
+        if steps is UNKNOWN:
+            self._steps = (0.0, UNKNOWN)  # ask squeue now, not in STEP_CACHE_SECONDS
+            steps = self._job_steps()
+        if steps is UNKNOWN:
+            raise SlurmCommandError(
+                f"cannot terminate {targets}: squeue does not answer for job {self.job_id}"
+            )
+        steps = steps or {}
+        by_step: dict[str, list[str]] = {}
+        for node_id in targets:
+            by_step.setdefault(records[node_id].get("step_name", ""), []).append(node_id)
+        whole = []
+        for step_name, ids in by_step.items():
+            # members already terminated do not keep the step from being cancelled whole
+            members = [
+                i for i, r in records.items() if r.get("step_name") == step_name and not r.get("terminated")
+            ]
+            if step_name and set(members) <= set(ids):
+                whole += [sid for sid, name in steps.items() if name == step_name]
+            else:
+                for node_id in ids:
+                    self._signal_node(node_id)
+        cancel_steps(whole, self.job_id, wait=60)
+
+        def mark(doc):
+            for node_id in targets:
+                doc["nodes"][node_id]["terminated"] = True
+
+        self.state.update(mark)
+        self._drop_views()
+        if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
+            self.stop_all()
+
+    def _signal_node(self, node_id: str, job_id: str | None = None) -> None:
+        """Stop one node of a multi-node step: SIGTERM to its node_run, by the PID it
+        recorded, and only while that PID is still that process (``process_identity``)."""
+        command = signal_command(self.state.read_marker(node_id, "pid") or "")
+        slurm_node = self.state.temp_dirs(node_id)[0]  # where its node_run runs
+        if command is None or not slurm_node:
+            return
+        job = job_id or self.job_id
+        argv = srun_argv(job, [slurm_node], command, immediate=slurm_timeout())
+        proc = run_step(
+            argv, f"stopping node {node_id} (an srun to {slurm_node} in job {job})", SIGNAL_TIMEOUT
+        )
+        if proc.returncode == 3:
+            logger.info("node %s: its recorded process has already ended; nothing signalled", node_id)
+
+    # ------------------------------------------------------------------ runner
+    def get_command_runner(
+        self,
+        log_prefix: str,
+        node_id: str,
+        auth_config: dict[str, Any],
+        cluster_name: str,
+        process_runner: Any,
+        use_internal_ip: bool,
+        docker_config: dict[str, Any] | None = None,
+    ) -> SrunCommandRunner:
+        rec = self._records().get(node_id)
+        slurm_node = rec["slurm_node"] if rec else self._allocation().head.name
+        return SrunCommandRunner(
+            self.state,
+            node_id,
+            slurm_node,
+            launch_head=self.launch_head_node,
+            stop_cluster=self.stop_all,
+        )

@@ -1,0 +1,172 @@
+"""Fill an elastic cluster YAML (``cluster_yamls/slurm-autoscale.yaml``): pure.
+
+Worker node types are sbatch requests (``node_config.sbatch``, over the defaults in
+``provider.sbatch``); their resources come from the request, so the autoscaler plans
+correctly while jobs are still pending. The head runs on the first node of a job: the
+user's allocation (``provider.job_id``, or the job ``ray up`` runs in), or a job of its
+own that ``ray up`` submits from the head type's request (``provider.head: job``, the
+default outside an allocation).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..slurm.allocation import Allocation
+from ..slurm.walltime import DEFAULT_REPLACE_LEAD_SECONDS, DEFAULT_STAGGER_SECONDS, check_replace_lead
+from .cluster_config import (
+    FILLED,
+    ClusterConfigError,
+    common_provider_keys,
+    lead_seconds,
+    select_nodes,
+    set_launcher_keys,
+)
+from .names import check_cluster_name, default_base
+from .node_spec import ray_resources
+from .sbatch import SbatchRequest, SbatchRequestError
+
+HEAD_MODES = ("auto", "job", "allocation")
+#: How long a worker job may stay pending before the autoscaler gives up on it (longer
+#: than Ray's default: queues on busy clusters often are).
+DEFAULT_PENDING_TIMEOUT_S = 24 * 3600
+#: Seconds between the head's autoscaler rounds (``AUTOSCALER_UPDATE_INTERVAL_S``; Ray's
+#: default is 5): demand reaches sbatch sooner, and a round costs the provider a few ms
+#: with one squeue per ``JOB_CACHE_SECONDS`` at most.
+DEFAULT_AUTOSCALER_INTERVAL_S = 1
+
+
+def head_mode(provider: dict[str, Any], in_allocation: bool) -> str:
+    """``job`` (the head gets a job of its own) or ``allocation`` (the user's job)."""
+    mode = provider.get("head", "auto")
+    if mode not in HEAD_MODES:
+        raise ClusterConfigError(f"provider.head must be one of {list(HEAD_MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "allocation" if provider.get("job_id") or in_allocation else "job"
+    if mode == "allocation" and not provider.get("job_id") and not in_allocation:
+        raise ClusterConfigError(
+            "provider.head: allocation, but this is not inside a SLURM allocation and "
+            "provider.job_id is not set"
+        )
+    if mode == "job" and provider.get("job_id"):
+        raise ClusterConfigError(
+            f"provider.head: job (the head gets a job of its own) contradicts "
+            f"provider.job_id: {provider['job_id']!r}; remove one of them"
+        )
+    return mode
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ClusterConfigError(f"{where} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _interval(value: Any) -> int:
+    """Ray reads the interval as an integer number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ClusterConfigError(f"provider.autoscaler_interval_s must be an integer >= 1, got {value!r}")
+    return value
+
+
+def node_request(config_or_provider: dict[str, Any], node_config: dict[str, Any], node_type: str):
+    """The sbatch request of a node type (its ``node_config.sbatch`` over ``provider.sbatch``)."""
+    provider = config_or_provider.get("provider", config_or_provider)
+    where = f"available_node_types.{node_type}.node_config.sbatch"
+    if not isinstance(node_config, dict) or "sbatch" not in node_config:
+        raise ClusterConfigError(f"{where} is missing: an elastic node type is an sbatch request")
+    try:
+        return SbatchRequest.from_config(node_config["sbatch"], provider.get("sbatch"), where)
+    except SbatchRequestError as e:
+        raise ClusterConfigError(str(e)) from e
+
+
+def fill_elastic_config(
+    config: dict[str, Any], head_alloc: Allocation | None, python: str | None = None
+) -> dict[str, Any]:
+    """The launcher config; ``head_alloc`` is the head's job when it runs (else None: ``ray
+    up`` will submit the head's job and complete the provider section then)."""
+    if config.get("provider", {}).get(FILLED):
+        return config
+    check_cluster_name(config.get("cluster_name"))
+    out = copy.deepcopy(config)
+    provider = out["provider"]
+    common = common_provider_keys(provider)
+    fraction = common["object_store_fraction"]
+    replace_lead = lead_seconds(
+        provider, "replace_before_end_s", DEFAULT_REPLACE_LEAD_SECONDS, "replace once gone"
+    )
+    clash = check_replace_lead(replace_lead, common["drain_before_end_s"])
+    if clash:
+        raise ClusterConfigError(clash)
+    types_in = out.get("available_node_types")
+    head_type = out.get("head_node_type")
+    if not isinstance(types_in, dict) or head_type not in (types_in or {}):
+        raise ClusterConfigError(
+            f"head_node_type {head_type!r} must name one of available_node_types "
+            f"({sorted(types_in) if isinstance(types_in, dict) else types_in!r})"
+        )
+    types: dict[str, Any] = {}
+    total_max = 0
+    for name, spec in types_in.items():
+        spec = dict(spec or {})
+        node_config = spec.get("node_config") or {}
+        if name == head_type:
+            if head_alloc is not None:
+                resources = ray_resources(head_alloc.head, head_alloc.job_id, fraction)
+            else:
+                resources = node_request(provider, node_config, name).resources(fraction)
+            types[name] = {
+                **spec,
+                "resources": resources,
+                "node_config": node_config,
+                "min_workers": 0,
+                "max_workers": 0,
+            }
+            continue
+        request = node_request(provider, node_config, name)
+        low = _count(spec.get("min_workers", 0), f"available_node_types.{name}.min_workers")
+        high = _count(
+            spec.get("max_workers", out.get("max_workers", low)), f"available_node_types.{name}.max_workers"
+        )
+        if high < low:
+            raise ClusterConfigError(
+                f"available_node_types.{name}: max_workers ({high}) is below min_workers ({low})"
+            )
+        total_max += high
+        types[name] = {
+            **spec,
+            # user-declared custom resources stay; CPU/GPU/memory are the request's
+            "resources": {**(spec.get("resources") or {}), **request.resources(fraction)},
+            "node_config": node_config,
+            "min_workers": low,
+            "max_workers": high,
+        }
+    n_workers = _count(out.get("max_workers", total_max), "max_workers")
+    provider.update(
+        {
+            "elastic": True,
+            "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
+            "python": python or provider.get("python") or sys.executable,
+            **common,
+            "replace_before_end_s": replace_lead,
+            "end_stagger_s": lead_seconds(provider, "end_stagger_s", DEFAULT_STAGGER_SECONDS, "no stagger"),
+            "pending_timeout_s": _count(
+                provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
+            ),
+            "autoscaler_interval_s": _interval(
+                provider.get("autoscaler_interval_s", DEFAULT_AUTOSCALER_INTERVAL_S)
+            ),
+            "disable_node_updaters": True,
+            "use_internal_ips": True,
+            FILLED: True,
+        }
+    )
+    if head_alloc is not None:
+        provider.update(job_id=head_alloc.job_id, allocation=select_nodes(head_alloc, provider, 0).to_dict())
+    set_launcher_keys(out, types, n_workers, head_type=head_type, elastic=True)
+    provider["worker_setup_commands"] = out["worker_setup_commands"]
+    return out

@@ -1,0 +1,30 @@
+"""The package's modules that are named as strings, in one place: those run as processes
+(``python -m``) on nodes and login hosts, the hooks handed to Ray by path, the bind shim
+that node_run preloads and the providers ``eray_provider`` loads on first access. A module
+that moves is one edit here; ``tests/test_layout.py`` imports every name."""
+
+from __future__ import annotations
+
+NODE_RUN = "eray_provider.runtime.node_run"
+END_WATCH = "eray_provider.runtime.end_watch"
+PORT_PROBE = "eray_provider.runtime.port_probe"
+GCS_PROBE = "eray_provider.runtime.gcs_probe"
+NODE_LOGS = "eray_provider.runtime.node_logs"
+RELAY = "eray_provider.runtime.relay"
+BIND_SHIM = "eray_provider.runtime._bindshim"
+#: ``module.function`` paths that Ray imports on every node
+RUNTIME_ENV_HOOK = "eray_provider.jax.hook.runtime_env_hook"
+WORKER_SETUP_HOOK = "eray_provider.jax.hook.setup_worker"
+#: what ``eray_provider.<name>`` loads on first access (the providers need Ray)
+LAZY = {
+    "SlurmNodeProvider": "eray_provider.autoscaler.provider",
+    "SlurmJobProvider": "eray_provider.autoscaler.elastic",
+    "auto_ray_cluster": "eray_provider.runtime.ray_cluster",
+    "RayClusterConfig": "eray_provider.runtime.ray_cluster",
+}
+RUN_AS_PROCESS = (NODE_RUN, END_WATCH, PORT_PROBE, GCS_PROBE, NODE_LOGS, RELAY)
+
+
+def python_m(python: str, module: str, *args: str) -> list[str]:
+    """``python -m module args...``: ``module`` one of ``RUN_AS_PROCESS``."""
+    return [python, "-m", module, *args]

@@ -1,0 +1,155 @@
+"""``eray-provider run -- COMMAND``: the job's Ray cluster for the length of one command.
+
+For batch scripts that never type ``ray up``. Run from the batch step (or with ``srun
+--ntasks-per-node=1``, where the task on the job's first node does the work and the others
+return at once), it builds the same cluster the provider builds (port plan, token,
+per-node temp dirs, resources, runtime hook): the head on the first node, every other
+node a worker, each in a step of its own, all started at once. It waits until every
+node has joined (bounded by ``--timeout``), runs COMMAND once as the driver on this node
+with the cluster's address and token set, then cancels the cluster's steps, removes its
+temp dirs and state, and exits with COMMAND's status. SIGTERM/SIGINT (``scancel``, the
+end of the time limit) are passed to COMMAND and the cluster is torn down the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from ..plan.cluster_config import fill_config
+from ..plan.node_spec import worker_types
+from ..slurm.allocation import Allocation, AllocationError
+from ..slurm.client import SlurmCommandError, known_cluster_name, load_allocation
+from ..slurm.env import in_srun_step
+from .cluster_state import ClusterState, ClusterStoppingError
+from .launch import (
+    LaunchError,
+    TeardownError,
+    ensure_port_plan,
+    head_log,
+    launch_workers,
+    node_client_env,
+    start_head,
+    teardown,
+    wait_head_ready,
+    wait_joined,
+)
+from .ray_compat import RAY_VERSION_TEXT, check_version
+
+DEFAULT_JOIN_TIMEOUT = 300.0
+
+
+def _log(msg: str) -> None:
+    print(f"eray-provider: {msg}", file=sys.stderr, flush=True)
+
+
+def job_cluster_config(alloc: Allocation, cluster_name: str, provider_options: dict | None = None) -> dict:
+    """The filled config of a cluster on ``alloc`` that no ``ray up`` drives."""
+    base_config = {
+        "cluster_name": cluster_name,
+        "max_workers": -1,
+        "provider": {
+            "type": "external",
+            "module": "eray_provider.SlurmNodeProvider",
+            **(provider_options or {}),
+        },
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+    }
+    return fill_config(base_config, alloc)
+
+
+def start_cluster(
+    state: ClusterState, alloc: Allocation, provider: dict, join_timeout: float, stopped=lambda: False
+) -> str:
+    """Port plan, then every node at once: the head's step and the workers' (one srun per
+    node type), the workers waiting on their nodes for the head's GCS; then wait until
+    every node of ``alloc`` has joined. Returns the GCS address; the caller tears down
+    (``teardown``). An unsupported Ray raises ``UnsupportedRayError`` before anything starts."""
+    warning = check_version(RAY_VERSION_TEXT)
+    if warning:
+        print(f"eray-provider: warning: {warning}", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    python = provider["python"]
+    with state.lock(timeout=120, creating=True):
+        state.create(slurm_cluster=known_cluster_name(os.environ))
+        ensure_port_plan(state, alloc, python)
+        state.save_cluster_config({"provider": provider})
+    head = alloc.head.name
+    types = worker_types(alloc)
+    specs = [(head, "head", {"ray-user-node-type": "ray.head.slurm"})] + [
+        (share.name, "worker", {"ray-user-node-type": node_type})
+        for node_type, shares in types.items()
+        for share in shares
+    ]
+    ids = dict(zip((spec[0] for spec in specs), state.add_nodes(specs)))
+    proc = start_head(state, ids[head], head, {}, python)
+    for batch, (node_type, shares) in enumerate(types.items(), start=1):
+        launch_workers(state, {s.name: ids[s.name] for s in shares}, node_type, python, batch)
+    nodes = list(ids.values())
+    with wait_head_ready(
+        state, ids[head], proc, head_log(state, ids[head]), workers=nodes, workers_timeout=join_timeout
+    ) as watch:
+        _log(f"head on {head} at {watch.address} ({time.monotonic() - t0:.1f} s)")
+        wait_joined(state, watch, nodes, join_timeout, stopped, say=_log)
+    _log(f"{len(alloc.nodes)} nodes joined ({time.monotonic() - t0:.1f} s)")
+    return watch.address
+
+
+def run(
+    command: Sequence[str],
+    cluster_name: str = "run",
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+    provider_options: dict | None = None,
+) -> int:
+    if not command:
+        raise ValueError("eray-provider run needs a command after --")
+    # under srun (several tasks on the first node too) only the step's first task builds
+    # the cluster; the batch step is one task with SLURM_PROCID 0
+    procid = os.environ.get("SLURM_PROCID", "0")
+    if in_srun_step(os.environ) and procid != "0":
+        _log(f"task {procid} on {os.environ.get('SLURMD_NODENAME')}: the step's first task runs the cluster")
+        return 0
+    alloc = load_allocation()
+    if alloc.state not in (None, "RUNNING"):
+        raise AllocationError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
+    provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
+    state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
+    if state.exists():
+        raise AllocationError(f"a cluster {cluster_name!r} of job {alloc.job_id} already runs ({state.dir})")
+
+    proc: subprocess.Popen | None = None
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = 1
+    try:
+        start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
+        _log(f"running {' '.join(command)}")
+        # this process runs on the job's first node, the head's
+        head_id = next(i for i, rec in state.read()["nodes"].items() if rec["role"] == "head")
+        proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
+        code = proc.wait()
+        _log(f"command exited {code}")
+    except (LaunchError, AllocationError, TimeoutError, SlurmCommandError, ClusterStoppingError) as e:
+        _log(f"error: {e}")
+    finally:
+        try:
+            teardown(state)
+            _log("cluster stopped")
+        except TeardownError as e:
+            _log(f"error: {e}")
+            code = code or 1
+    return code

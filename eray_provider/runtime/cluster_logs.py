@@ -1,0 +1,224 @@
+"""``eray-provider logs CLUSTER``: the Ray logs of a cluster's nodes, live or ended.
+
+A node whose Ray ended left its logs in the cluster's state dir (``node_logs``), and
+they are read there, also after ``ray down`` and after the job. A node whose Ray still
+runs is read where its logs are, on the node's local disk: ``python -m
+eray_provider.runtime.node_logs`` runs there as a step of the node's job (``srun --overlap``,
+named as a step of the cluster, so a teardown ends it), printing or following (``tail
+-F``) the files. ``--follow`` ends with the node's Ray, or on Ctrl-C; the step never
+outlives this command.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..plan.modules import NODE_LOGS, python_m
+from ..plan.names import check_cluster_name, step_name
+from ..slurm.client import slurm_timeout
+from ..slurm.srun import clean_env, srun_argv, stop_foreground_step
+from .cluster_state import ClusterState
+from .node_logs import DEFAULT_COMPONENTS, check_components, collected, show
+from .process_identity import parse_identity
+
+#: Seconds a live node may take to print its logs (``--follow`` has no limit but the job).
+LIVE_READ_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class NodeLogs:
+    """Where one node's logs are: collected into ``path``, or live in its private dir
+    ``path`` on ``slurm_node``, reached as a step of ``slurm_job``."""
+
+    node_id: str
+    slurm_node: str
+    slurm_job: str
+    live: bool
+    path: str
+    session: str = ""
+
+    @property
+    def title(self) -> str:
+        where = "live" if self.live else f"collected, {self.session}"
+        return f"{self.node_id} on {self.slurm_node or '?'} ({where})"
+
+
+def find_cluster(base: Path, cluster: str, job: str | None, dirs: list[tuple[str, str, Path]]) -> str:
+    """The job of ``cluster`` to read: ``job`` when given, else the one whose cluster runs
+    (its state is there), else the one torn down last; the newest state first when there
+    are several. Not the highest job id: a controller whose state was reset hands out
+    low ids again. A ValueError names what exists."""
+    check_cluster_name(cluster, "CLUSTER")
+    mine = [(j, path) for name, j, path in dirs if name == cluster]
+    jobs = sorted((j for j, _ in mine), key=int)
+    if not jobs:
+        raise ValueError(f"no cluster {cluster!r} under {base} (`eray-provider status` lists them)")
+    if job is not None:
+        if job not in jobs:
+            raise ValueError(f"--job {job!r}: cluster {cluster!r} has state of job(s) {', '.join(jobs)} only")
+        return job
+    chosen = max(mine, key=lambda m: _recency(m[1]))[0]
+    if len(jobs) > 1:
+        print(
+            f"eray-provider: cluster {cluster!r} has state of jobs {', '.join(jobs)}: showing {chosen} "
+            "(--job picks another)",
+            file=sys.stderr,
+        )
+    return chosen
+
+
+def _recency(path: Path) -> tuple[bool, float]:
+    """(whether its cluster runs, when its state or logs last changed)."""
+    state = path / "state.json"
+    try:
+        return True, state.stat().st_mtime
+    except OSError:
+        pass
+    try:
+        return False, path.stat().st_mtime
+    except OSError:
+        return False, 0.0
+
+
+def node_logs(state: ClusterState) -> list[NodeLogs]:
+    """Every node with logs to show: its collected logs once its Ray ended (the newest
+    session), else its live dir."""
+    out: dict[str, NodeLogs] = {}
+    for c in collected(state.dir):
+        meta = c.meta
+        out[c.node_id] = NodeLogs(
+            c.node_id,
+            str(meta.get("slurm_node", "")),
+            str(meta.get("slurm_job", "")),
+            False,
+            str(c.path),
+            c.session,
+        )
+    if state.exists():
+        markers = state.markers()
+        for node_id, rec in state.read()["nodes"].items():
+            if rec.get("terminated") or f"{node_id}.exit" in markers:
+                continue
+            slurm_node, dirs = state.temp_dirs(node_id)
+            if dirs:
+                job = str(rec.get("slurm_job") or state.job_id)
+                out[node_id] = NodeLogs(node_id, slurm_node, job, True, dirs[-1])
+    return sorted(out.values(), key=lambda n: n.node_id)
+
+
+def pick(nodes: list[NodeLogs], node: str | None) -> list[NodeLogs]:
+    """The nodes ``--node`` names (a node id or a SLURM node); all when None."""
+    if node is None:
+        return nodes
+    chosen = [n for n in nodes if node in (n.node_id, n.slurm_node)]
+    if not chosen:
+        have = ", ".join(f"{n.node_id} ({n.slurm_node})" for n in nodes) or "none"
+        raise ValueError(f"--node {node!r} has no logs here; nodes with logs: {have}")
+    return chosen
+
+
+class Interrupted(Exception):
+    """Ctrl-C while a node's logs were read: the step was ended, nothing more is read."""
+
+
+def _live(state: ClusterState, n: NodeLogs, components: list[str], follow: bool) -> int:
+    """Print (or follow) a live node's logs through a step of its job; the step ends with
+    this, also on Ctrl-C or the timeout (``stop_foreground_step``)."""
+    python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
+    command = python_m(python, NODE_LOGS, n.path, "--title", n.title)
+    command += [f"--component={c}" for c in components]
+    if follow:
+        command.append("--follow")
+        pid = parse_identity(state.read_marker(n.node_id, "pid"))
+        if pid is not None:
+            command.append(f"--pid={pid[0]}")  # tail ends with the node's Ray
+    name = step_name(state.cluster_name, f"logs.{os.getpid()}")
+    argv = srun_argv(n.slurm_job, [n.slurm_node], command, name=name, immediate=slurm_timeout())
+    sys.stdout.flush()
+    proc = subprocess.Popen(argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return proc.wait(timeout=None if follow else LIVE_READ_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        print(
+            f"eray-provider: reading the logs of {n.title} took over {LIVE_READ_TIMEOUT:.0f} s",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        raise Interrupted from None
+    finally:
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
+        try:
+            stop_foreground_step(proc, n.slurm_job, name)
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+
+
+def show_logs(
+    base: Path,
+    cluster: str,
+    job: str | None,
+    dirs: list[tuple[str, str, Path]],
+    node: str | None = None,
+    components: list[str] | None = None,
+    follow: bool = False,
+) -> int:
+    """Print the logs; returns the exit status (1: nothing to show, or a node not read;
+    130: interrupted by Ctrl-C, SIGTERM or SIGHUP, after the step it held ended)."""
+    previous = {s: signal.signal(s, _interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _show_logs(base, cluster, job, dirs, node, components, follow)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupted(_signum, _frame) -> None:
+    raise Interrupted  # as Ctrl-C: the step a live read holds ends first
+
+
+def _show_logs(
+    base: Path,
+    cluster: str,
+    job: str | None,
+    dirs: list[tuple[str, str, Path]],
+    node: str | None,
+    components: list[str] | None,
+    follow: bool,
+) -> int:
+    components = check_components(components or []) or list(DEFAULT_COMPONENTS)
+    job = find_cluster(base, cluster, job, dirs)
+    state = ClusterState(cluster, job, base)
+    chosen = pick(node_logs(state), node)
+    if not chosen:
+        print(f"eray-provider: cluster {cluster!r} of job {job}: no node logs here", file=sys.stderr)
+        return 1
+    if follow:
+        live = [n for n in chosen if n.live]
+        if len(live) != 1 or len(chosen) != 1:
+            raise ValueError(
+                "--follow follows one live node: name it with --node (live: "
+                f"{', '.join(n.node_id for n in live) or 'none'})"
+            )
+        try:
+            return _live(state, live[0], components, follow=True)
+        except Interrupted:
+            return 130
+    status = 0
+    try:
+        for n in chosen:
+            if n.live:
+                status = max(status, _live(state, n, components, follow=False))
+            elif show(Path(n.path), components, n.title) == 0:
+                print(
+                    f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected",
+                    file=sys.stderr,
+                )
+    except (Interrupted, KeyboardInterrupt):
+        return 130
+    return status

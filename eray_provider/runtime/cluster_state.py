@@ -1,0 +1,324 @@
+"""Per-cluster state on disk: node records and tags, port plan, auth token, node markers.
+
+Ray builds a new provider object in every CLI process and in the head's monitor, so
+all state lives in one directory per cluster and job, ``<base>/<cluster>-<job>``, mode
+0700, on a file system every node and the launcher see (the user's HOME on a cluster).
+Writes go through a lock file and atomic renames; reads are cached by mtime so the
+autoscaler's per-round calls cost a ``stat`` and no subprocess.
+
+Layout::
+
+    state.json        node records: slurm node, role, type, tags, step, generation
+    ports.json        the port plan chosen for the job (every node reads it)
+    auth_token        Ray token, mode 0600
+    cluster.json      the filled cluster config (setup commands, resources)
+    home/             HOME of the cluster's Ray processes (ray_bootstrap_config.yaml)
+    logs/             output of the srun clients that hold the Ray steps
+    nodes/<id>.ip     address a node's Ray runs on, written by the node
+    nodes/<id>.tmpdir its private temp dir on that node, for teardown
+    nodes/<id>.exit   written when a node's Ray ends (exit code)
+    ray-logs/         each node's Ray logs, copied there when its Ray ends (node_logs);
+                      the only part a teardown keeps
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from ..plan.names import check_cluster_name, default_base
+from ..plan.ports import PortPlan
+from .node_logs import LOGS_DIR
+
+#: Another process's write is seen by readers at most this late.
+READ_FRESH_SECONDS = 0.5
+
+
+class ClusterStoppingError(RuntimeError):
+    """A launch was asked of a cluster whose teardown has begun."""
+
+
+def remove_state_dir(path: Path) -> None:
+    """Delete a cluster's state dir but the node logs collected into it (``node_logs``),
+    which outlive the cluster until ``eray-provider status --prune``; the dir itself goes
+    when there are none."""
+    logs = path / LOGS_DIR
+    if logs.is_dir() and not logs.is_symlink() and any(logs.iterdir()):
+        for entry in path.iterdir():
+            if entry.name == LOGS_DIR:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Atomic write of a file only the owner can read."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` with mode 0700, refusing a symlink or a directory of another user."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not Path(path).is_dir() or Path(path).is_symlink():
+        raise RuntimeError(f"{path} is not a plain directory")
+    if st.st_uid != os.getuid():
+        raise RuntimeError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+class ClusterState:
+    """The on-disk state of one cluster of one job."""
+
+    def __init__(self, cluster_name: str, job_id: str, base: str | Path | None = None) -> None:
+        self.cluster_name = check_cluster_name(cluster_name)
+        self.job_id = str(job_id)
+        self.base = Path(base) if base else default_base()
+        self.dir = self.base / f"{cluster_name}-{self.job_id}"
+        self._cache: tuple[float, dict[str, Any]] | None = None
+        self._checked = 0.0
+        self._state_file = str(self.dir / "state.json")
+        self._lock: FileLock | None = None
+        self._markers: tuple[float, frozenset[str]] | None = None
+
+    # ---------------------------------------------------------------- paths
+    @property
+    def home(self) -> Path:
+        return self.dir / "home"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def node_dir(self) -> Path:
+        return self.dir / "nodes"
+
+    @property
+    def token_path(self) -> Path:
+        return self.dir / "auth_token"
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def exists(self) -> bool:
+        return self.state_path.exists()
+
+    @contextmanager
+    def lock(self, timeout: float = 60, creating: bool = False) -> Iterator[None]:
+        """The cluster's lock, reentrant within a thread (one FileLock per state object).
+
+        Reads inside it see every write another process made before it was acquired. Of a
+        cluster torn down (no state file) it is ``ClusterStoppingError``, unless
+        ``creating`` (the caller creates the state, or removes what is left): a process
+        that outlived the teardown must not bring its state back."""
+        if not creating and not self.exists():
+            raise self._gone()
+        if self._lock is None:
+            ensure_private_dir(self.base)
+            ensure_private_dir(self.dir)
+            self._lock = FileLock(str(self.dir / ".lock"))
+        with self._lock.acquire(timeout=timeout):
+            self._cache = None
+            if not creating and not self.exists():
+                raise self._gone()
+            yield
+
+    def _gone(self, what: str = "written") -> ClusterStoppingError:
+        return ClusterStoppingError(
+            f"cluster {self.cluster_name!r} of job {self.job_id} has been torn down ({self.state_path} "
+            f"is gone): nothing is {what}"
+        )
+
+    def create(self, slurm_cluster: str | None = None) -> None:
+        """Create the directory tree, a fresh token and empty state (idempotent).
+
+        ``slurm_cluster``: the SLURM cluster the job is of, recorded in a new state: job
+        ids of two SLURM clusters that share a HOME are unrelated (``eray-provider
+        status`` judges a cluster by its own controller's answer only)."""
+        ensure_private_dir(self.base)
+        ensure_private_dir(self.dir)
+        for sub in (self.home, self.logs, self.node_dir):
+            ensure_private_dir(sub)
+        if not self.token_path.exists():
+            _write_private(self.token_path, secrets.token_hex(32))
+        if not self.state_path.exists():
+            doc: dict[str, Any] = {"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}}
+            if slurm_cluster:
+                doc["slurm_cluster"] = slurm_cluster
+            self.write(doc)
+
+    def remove(self) -> None:
+        """Delete the cluster's state (``remove_state_dir``)."""
+        remove_state_dir(self.dir)
+        self._cache = None
+        self._lock = None
+
+    # ---------------------------------------------------------------- state.json
+    def read(self) -> dict[str, Any]:
+        """The state document; cached until the file's mtime changes, and for
+        ``READ_FRESH_SECONDS`` without even a stat (the autoscaler asks for every node's
+        tags in one round; writes by this process are seen at once)."""
+        now = time.monotonic()
+        if self._cache is not None and now - self._checked < READ_FRESH_SECONDS:
+            return self._cache[1]
+        try:
+            mtime = os.stat(self._state_file).st_mtime_ns
+        except FileNotFoundError:
+            return {"cluster_name": self.cluster_name, "job_id": self.job_id, "nodes": {}}
+        self._checked = now
+        if self._cache is None or self._cache[0] != mtime:
+            doc = json.loads(self.state_path.read_text())
+            if str(doc.get("job_id")) != self.job_id:
+                raise RuntimeError(f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}")
+            self._cache = (mtime, doc)
+        return self._cache[1]
+
+    def write(self, doc: dict[str, Any]) -> None:
+        _write_private(self.state_path, json.dumps(doc, indent=1, sort_keys=True))
+        self._cache = None
+
+    def update(self, fn) -> Any:
+        """Read-modify-write under the lock; ``fn(doc)`` mutates doc and may return a value."""
+        with self.lock():
+            doc = json.loads(json.dumps(self.read()))
+            result = fn(doc)
+            self.write(doc)
+            return result
+
+    def add_nodes(self, specs: list[tuple[str, str, dict[str, str]]]) -> list[str]:
+        """Append node records ``(slurm node, role, tags)`` in one locked write; returns their
+        ids, ``<slurm node>.<generation>`` (a node started again gets a new id)."""
+        ids: list[str] = []
+
+        def add(doc: dict[str, Any]) -> None:
+            for slurm_node, role, tags in specs:
+                gen = doc.get("next_gen", 1)
+                doc["next_gen"] = gen + 1
+                node_id = f"{slurm_node}.{gen}"
+                doc["nodes"][node_id] = {
+                    "slurm_node": slurm_node,
+                    "role": role,
+                    "tags": dict(tags),
+                    "gen": gen,
+                    "created": time.time(),
+                }
+                ids.append(node_id)
+
+        self.update(add)
+        return ids
+
+    # ---------------------------------------------------------------- stopping
+    def mark_stopping(self) -> None:
+        """Record, under the lock, that the cluster is being torn down: every launch
+        checks it under the same lock and refuses, and a node whose step starts after
+        it exits without starting Ray (``node_run``)."""
+        if self.exists():
+            self.update(lambda doc: doc.__setitem__("stopping", time.time()))
+
+    def stopping(self) -> bool:
+        return bool(self.read().get("stopping"))
+
+    def check_launchable(self) -> None:
+        """Raise ``ClusterStoppingError`` when the cluster is being stopped; call it
+        under the lock, just before a launch."""
+        if not self.exists():
+            raise self._gone("launched")
+        if self.stopping():
+            raise ClusterStoppingError(
+                f"cluster {self.cluster_name!r} of job {self.job_id} is being stopped (`ray down` "
+                f"began): nothing is launched; if no teardown runs any more, run `ray down` again "
+                f"(state: {self.dir})"
+            )
+
+    # ---------------------------------------------------------------- ports / config / token
+    def ports(self) -> PortPlan | None:
+        path = self.dir / "ports.json"
+        try:
+            return PortPlan.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+
+    def save_ports(self, plan: PortPlan) -> None:
+        _write_private(self.dir / "ports.json", plan.to_json())
+
+    def save_file(self, name: str, text: str) -> Path:
+        """A private file in the state dir (which every node sees); returns its path."""
+        path = self.dir / name
+        _write_private(path, text)
+        return path
+
+    def cluster_config(self) -> dict[str, Any]:
+        return json.loads((self.dir / "cluster.json").read_text())
+
+    def save_cluster_config(self, config: dict[str, Any]) -> None:
+        _write_private(self.dir / "cluster.json", json.dumps(config, sort_keys=True))
+
+    # ---------------------------------------------------------------- node markers
+    def marker(self, node_id: str, kind: str) -> Path:
+        return self.node_dir / f"{node_id}.{kind}"
+
+    def read_marker(self, node_id: str, kind: str) -> str | None:
+        try:
+            return self.marker(node_id, kind).read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def write_marker(self, node_id: str, kind: str, value: str) -> None:
+        _write_private(self.marker(node_id, kind), value)
+        self._markers = None
+
+    def drained(self) -> str | None:
+        """The reason of a drain ``end_watch`` recorded for a node of the cluster (its
+        job's end is near), or None."""
+        for path in sorted(self.node_dir.glob("*.drain")):
+            try:
+                return json.loads(path.read_text())["message"]
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
+
+    def write_temp_dirs(self, node_id: str, slurm_node: str, paths: Sequence[str]) -> None:
+        """Record the SLURM node a node's process runs on and the temp dirs it uses there
+        (the teardown removes them, for a process that could not), one per line."""
+        self.write_marker(node_id, "tmpdir", "\n".join([slurm_node, *paths]))
+
+    def temp_dirs(self, node_id: str) -> tuple[str, list[str]]:
+        """(SLURM node, temp dirs) as ``write_temp_dirs`` recorded them; ("", []) if not."""
+        node, *paths = (self.read_marker(node_id, "tmpdir") or "").splitlines() or [""]
+        return node, [p for p in paths if p.startswith("/")]
+
+    def markers(self) -> frozenset[str]:
+        """Names of all marker files: one listdir at most every ``READ_FRESH_SECONDS``."""
+        now = time.monotonic()
+        if self._markers is not None and now - self._markers[0] < READ_FRESH_SECONDS:
+            return self._markers[1]
+        try:
+            names = frozenset(os.listdir(self.node_dir))
+        except FileNotFoundError:
+            names = frozenset()
+        if self._markers is None or self._markers[1] != names:
+            self._markers = (now, names)
+        else:
+            self._markers = (now, self._markers[1])  # keep the identity: nothing changed
+        return self._markers[1]

@@ -1,0 +1,560 @@
+"""Starting and stopping a cluster's Ray steps: the part of the provider that spawns.
+
+Head: launched from the launcher host (where ``ray up`` runs) as a detached srun client
+holding the head's step, then waited for until the GCS reports the head alive. Workers:
+one srun step per launch batch (one task per node), whatever the batch size. A cluster
+of fixed nodes starts every node at once: its workers are launched with the head, not
+after it, and each waits on its node for the head's GCS (``node_run``), so the cluster
+is up in one node's start time, not two. Teardown cancels exactly this cluster's steps
+(named ``eray.<cluster>.*``), then removes the nodes' temp dirs in one srun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from ..plan.join_progress import JoinProgress
+from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, RUNTIME_ENV_HOOK, python_m
+from ..plan.names import is_cluster_step, step_name
+from ..plan.ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
+from ..slurm.allocation import Allocation
+from ..slurm.client import SlurmCommandError
+from ..slurm.hostlist import compress
+from ..slurm.srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
+from .bind_shim import bind_env, shim_path
+from .cluster_state import ClusterState
+from .port_probe import (
+    NodeReport,
+    ProbeError,
+    check_answered,
+    exclusions_from_reports,
+    host_exclusions,
+    parse_reports,
+)
+
+HEAD_READY_TIMEOUT = 300.0
+#: A launched node whose step squeue does not list yet is still starting for this long.
+STEP_GRACE_SECONDS = 30.0
+#: Seconds the temp dir cleanup (one srun over the nodes) may take.
+CLEANUP_TIMEOUT = 120.0
+#: Seconds the port probe (one srun over the nodes) may take.
+PROBE_TIMEOUT = 120.0
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def cluster_env(state: ClusterState) -> dict[str, str]:
+    """Variables every process of the cluster and every client of it needs."""
+    env = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(state.token_path),
+        "HOME": str(state.home),
+        "RAY_RUNTIME_ENV_HOOK": RUNTIME_ENV_HOOK,
+    }
+    address = head_address(state)
+    if address:
+        env["RAY_ADDRESS"] = address
+        env["ERAY_HEAD_IP"] = address.rsplit(":", 1)[0]
+    plan = state.ports()
+    if plan is not None:
+        env["ERAY_JAX_PORTS"] = f"{plan.jax_first}:{plan.jax_count}"
+        env["ERAY_JOB_ID"] = state.job_id
+    try:
+        jax_defaults = state.cluster_config()["provider"].get("jax_env") or {}
+    except (OSError, KeyError, ValueError):
+        jax_defaults = {}
+    env["ERAY_JAX_ENV"] = json.dumps(jax_defaults)
+    return env
+
+
+def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
+    """``cluster_env`` for a command run on one of the cluster's nodes (``ray exec``, the
+    driver of ``eray-provider run``): its Ray client talks to the node's metrics agent over
+    loopback, so it gets the node's bind shim too."""
+    env = cluster_env(state)
+    ip = state.read_marker(node_id, "ip")
+    plan = state.ports()
+    shim = shim_path()
+    try:
+        everywhere = state.cluster_config()["provider"].get("bind_all_interfaces")
+    except (OSError, KeyError, ValueError):
+        everywhere = True
+    if ip and plan and shim and not everywhere:
+        env.update(bind_env(shim, ip, [plan], os.environ))
+    return env
+
+
+def head_address(state: ClusterState) -> str | None:
+    plan = state.ports()
+    for node_id, rec in state.read()["nodes"].items():
+        if rec["role"] == "head" and not rec.get("terminated"):
+            ip = state.read_marker(node_id, "ip")
+            if ip and plan:
+                return f"{ip}:{plan.gcs}"
+    return None
+
+
+#: Variables of the process that launches a node which describe *that* process's Ray node
+#: (the head's monitor launches workers): a worker must not inherit them.
+_NODE_SPECIFIC = (
+    "RAY_OVERRIDE_",
+    "RAY_NODE_TYPE_NAME",
+    "RAY_CLOUD_INSTANCE_ID",
+    "RAY_HEAD_IP",
+    "RAY_ADDRESS",
+    "ERAY_",
+)
+
+
+def encode_node_ids(ids: Mapping[str, str]) -> str:
+    """``slurm node -> node id`` of one launch as ``<hostlist>@<first generation>``: node
+    ``i`` of the (order-kept, compressed) hostlist is ``<name>.<first + i>``. A few bytes
+    for 10,000 nodes, where ``name=id,...`` overflows one environment value (E2BIG).
+    Ids come from one ``ClusterState.add_nodes`` call, so their generations follow on."""
+    if not ids:
+        return ""
+    names = list(ids)
+    first = int(ids[names[0]].rpartition(".")[2])
+    for i, name in enumerate(names):
+        if ids[name] != f"{name}.{first + i}":
+            raise ValueError(f"node ids of one launch must follow on: {name} -> {ids[name]}")
+    return f"{compress(names)}@{first}"
+
+
+def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(_NODE_SPECIFIC)}
+    if "ERAY_USER_TMPDIR" in os.environ:  # launched from inside one of our Ray nodes
+        base.pop("TMPDIR", None)
+        if os.environ["ERAY_USER_TMPDIR"]:
+            base["TMPDIR"] = os.environ["ERAY_USER_TMPDIR"]
+    return clean_env(
+        base,
+        {
+            **extra,
+            "ERAY_STATE_BASE": str(state.base),
+            "ERAY_CLUSTER": state.cluster_name,
+            "ERAY_JOB_ID": state.job_id,
+            "ERAY_ROLE": role,
+            "ERAY_NODE_IDS": encode_node_ids(ids),
+        },
+    )
+
+
+def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> PortPlan:
+    """The recorded plan, or a new one checked free on every node: one srun, two when the
+    nodes' own port ranges move the job's candidates away from those first probed.
+
+    Exclusions come from the probed nodes: each reports its ephemeral range (soft: on
+    nodes with 1024-65535 the blocks inside it are the fallback, checked by this probe)
+    and its reserved ports; ``SrunPortRange`` comes from the controller's config, the same
+    for every node. The launcher's own ranges only pick what the first probe checks, since
+    ``ray up`` may run on a login node set up unlike the compute nodes."""
+    plan = state.ports()
+    if plan is not None:
+        return plan
+    batch = 4  # candidate blocks per probe: about 1,000 ports on every node
+    launcher = host_exclusions()
+    controller = [e for e in launcher if not e.soft]
+    busy: set[int] = set()
+    probed: set[int] = set()
+    reports: dict[str, NodeReport] = {}
+    exclusions = launcher
+    to_probe = candidates(alloc.job_id, launcher)[:batch]
+    for _ in range(2):
+        ports = sorted({p for c in to_probe for p in c.all_ports()} - probed)
+        name = step_name(state.cluster_name, "probe")
+        argv = srun_argv(
+            alloc.job_id,
+            alloc.node_names,
+            python_m(python, PORT_PROBE, *map(str, ports)),
+            name=name,
+        )
+        what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
+        proc = run_step(argv, what, PROBE_TIMEOUT)
+        if proc.returncode != 0:
+            raise LaunchError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
+        try:
+            found = parse_reports(proc.stdout)
+            check_answered(found, alloc.node_names)
+        except ProbeError as e:
+            raise LaunchError(f"{what}: {e}") from e
+        for node, report in found.items():
+            busy.update(report.busy)
+            reports[node] = report
+        probed.update(ports)
+        from_nodes = exclusions_from_reports(reports.values())
+        if not any(e.soft for e in from_nodes):  # no node could read its range: assume ours
+            from_nodes += [e for e in launcher if e.soft]
+        exclusions = [*controller, *from_nodes]
+        plan = choose_probed(alloc.job_id, exclusions, busy, probed)
+        if plan is not None:
+            break
+        to_probe = next_to_probe(alloc.job_id, exclusions, busy, batch)
+    else:
+        plan = choose_plan(alloc.job_id, exclusions, busy)
+    state.save_ports(plan)
+    return plan
+
+
+def head_log(state: ClusterState, node_id: str):
+    return state.logs / f"{node_id}.log"
+
+
+def start_head(
+    state: ClusterState, node_id: str, slurm_node: str, extra_env: Mapping[str, str], python: str
+) -> subprocess.Popen | None:
+    """Launch the head's step unless it is launched already (and has not exited); does not
+    wait. Returns the srun client, None when nothing was launched."""
+    log = head_log(state, node_id)
+    with state.lock(timeout=120):
+        state.check_launchable()
+        doc = state.read()
+        rec = doc["nodes"][node_id]
+        proc = None
+        if not rec.get("launched") or state.read_marker(node_id, "exit") is not None:
+            name = step_name(state.cluster_name, f"head.{rec['gen']}")
+            argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
+            proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
+            doc = json.loads(json.dumps(doc))
+            doc["nodes"][node_id].update(step_name=name, launched=time.time())
+            state.write(doc)
+    return proc
+
+
+def launch_workers(
+    state: ClusterState, nodes: Mapping[str, str], node_type: str, python: str, batch: int
+) -> subprocess.Popen:
+    """One srun step for a batch of workers (``slurm node -> node id``); does not wait.
+
+    Under the cluster's lock, so a teardown that has begun (``mark_stopping``) is seen and
+    the launch refused, and a teardown that begins later finds the step's record."""
+    name = step_name(state.cluster_name, f"workers.{batch}")
+    argv = srun_argv(state.job_id, list(nodes), python_m(python, NODE_RUN), name=name)
+    env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
+    with state.lock(timeout=120):
+        state.check_launchable()
+        _mark_launched(state, list(nodes.values()), name)
+        return launch_detached(argv, state.logs / f"workers.{batch}.log", env)
+
+
+def _mark_launched(state: ClusterState, node_ids: Sequence[str], step_name: str) -> None:
+    now = time.time()
+
+    def mark(doc):
+        for node_id in node_ids:
+            doc["nodes"][node_id].update(step_name=step_name, launched=now)
+
+    state.update(mark)
+
+
+def _tail(path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_head_ready(
+    state: ClusterState,
+    node_id: str,
+    proc: subprocess.Popen | None,
+    log,
+    timeout: float = HEAD_READY_TIMEOUT,
+    workers: Sequence[str] = (),
+    workers_timeout: float = 0,
+) -> AliveWatch:
+    """Readiness: the head's IP is recorded and its GCS lists it as an alive node. Returns
+    the watch that saw it, which goes on watching ``workers`` (up to ``workers_timeout``
+    more) for ``wait_joined``: one watcher process for the whole start. The caller closes
+    it (a context manager)."""
+    deadline = time.monotonic() + timeout
+    plan = state.ports()
+    assert plan is not None
+
+    def failed() -> str | None:
+        if (proc is not None and proc.poll() is not None) or state.read_marker(node_id, "exit") is not None:
+            return f"the head's Ray exited during start; {log}:\n{_tail(log)}"
+        return None
+
+    while (ip := state.read_marker(node_id, "ip")) is None and time.monotonic() < deadline:
+        if reason := failed():
+            raise LaunchError(reason)
+        time.sleep(0.25)
+    if ip is None:
+        raise LaunchError(f"the head recorded no IP within {timeout:.0f} s; {log}:\n{_tail(log)}")
+    left = deadline - time.monotonic()
+    watch = AliveWatch(state, f"{ip}:{plan.gcs}", [node_id, *workers], left + workers_timeout)
+    try:
+        if watch.wait([node_id], left, failed):
+            raise LaunchError(f"the head was not alive after {timeout:.0f} s; {log}:\n{_tail(log)}")
+    except BaseException:
+        watch.close()
+        raise
+    return watch
+
+
+class AliveWatch:
+    """Which of a start's nodes the GCS at ``address`` lists alive, as they join.
+
+    One watcher process does the polling (``gcs_probe --wait``) for the whole start, the
+    head and then its workers: a Python and Ray client started once, not once per poll or
+    per phase, on machines busy starting Ray. It ends when every node of ``node_ids`` is
+    alive, after ``timeout``, or when the watch is closed (a context manager)."""
+
+    def __init__(self, state: ClusterState, address: str, node_ids: Sequence[str], timeout: float) -> None:
+        env = dict(os.environ, **cluster_env(state))
+        env.pop("RAY_ADDRESS", None)
+        limit = max(timeout, 1.0)
+        self.address = address
+        self.joined: set[str] = set()
+        self._deadline = time.monotonic() + limit + 30  # the watcher's own deadline, and a margin
+        self._new: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._proc = subprocess.Popen(
+            python_m(sys.executable, GCS_PROBE, address, "--wait", f"--timeout={limit:.1f}"),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write("\n".join(node_ids) + "\n")
+            self._proc.stdin.close()
+        except BaseException:
+            self.close()
+            raise
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.startswith("joined "):
+                self._new.put(line.split()[1])
+
+    def _collect(self, node_ids: Sequence[str], on_poll: Callable[[list[str]], None]) -> list[str]:
+        new = []
+        while not self._new.empty():
+            new.append(self._new.get())
+        self.joined.update(new)
+        on_poll([i for i in new if i in node_ids])
+        return [i for i in node_ids if i not in self.joined]
+
+    def wait(
+        self,
+        node_ids: Sequence[str],
+        timeout: float,
+        failed: Callable[[], str | None] = lambda: None,
+        stopped: Callable[[], bool] = lambda: False,
+        on_poll: Callable[[list[str]], None] = lambda joined: None,
+    ) -> list[str]:
+        """Until every node of ``node_ids`` is alive; returns those still missing after
+        ``timeout`` (or when ``stopped()``, or the watcher ended), [] when all are alive.
+        ``failed()`` is asked meanwhile and ends the wait with ``LaunchError`` (a node that
+        exited); ``on_poll`` gets the ids of ``node_ids`` that joined since its last call,
+        on every poll, and first those that joined before this wait."""
+        deadline = min(time.monotonic() + max(timeout, 0.0), self._deadline)
+        on_poll([i for i in node_ids if i in self.joined])
+        while missing := self._collect(node_ids, on_poll):
+            if self._proc.poll() is not None:
+                self._reader.join(timeout=5)
+                return self._collect(node_ids, on_poll)
+            if reason := failed():
+                raise LaunchError(reason)
+            if stopped() or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.25)
+        return []
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
+    def __enter__(self) -> AliveWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def gcs_alive(state: ClusterState, address: str, timeout: float = 30) -> dict[str, str] | None:
+    """The nodes the GCS at ``address`` lists as alive, node id -> address ("-" for a Ray
+    node that no provider started); None if it did not answer within ``timeout``."""
+    env = dict(os.environ, **cluster_env(state))
+    env.pop("RAY_ADDRESS", None)
+    try:
+        proc = subprocess.run(
+            python_m(sys.executable, GCS_PROBE, address),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if proc.returncode != 0:
+        return None
+    return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+
+
+class TeardownError(LaunchError):
+    """The cluster's steps could not be shown to have ended: its state is kept."""
+
+
+def teardown(state: ClusterState) -> list[str]:
+    """The end of a cluster of fixed nodes (``ray down``, the end of ``eray-provider run``
+    and of ``auto_ray_cluster``); returns the ids of the steps it cancelled.
+
+    Mark the cluster stopping (launches refuse from then on), cancel its steps until SLURM
+    lists none of them, remove the nodes' temp dirs, and only then delete the state, under
+    the lock. When SLURM cannot be reached the state is kept (steps may still run: the
+    state is how a later teardown finds them) and ``TeardownError`` says so.
+    """
+    if not state.exists():
+        return []
+    with state.lock(timeout=300):
+        state.mark_stopping()
+    try:
+        ours = stop_cluster(state)
+    except (SlurmCommandError, LaunchError, subprocess.SubprocessError, OSError) as e:
+        raise TeardownError(
+            f"could not stop cluster {state.cluster_name!r} of job {state.job_id}: {e}. Its steps "
+            f"may still run, so its state is kept in {state.dir}: run `ray down` (or the "
+            "teardown) again when SLURM answers"
+        ) from e
+    with state.lock(timeout=300):
+        state.remove()
+    return ours
+
+
+def stop_cluster(state: ClusterState) -> list[str]:
+    """Cancel every step of this cluster and remove the nodes' temp dirs; returns step ids.
+
+    A step whose srun was started just before the teardown began may not be listed by
+    squeue yet: until every step launched in the last ``STEP_GRACE_SECONDS`` has been
+    seen (and cancelled), squeue is asked again. Raises ``SlurmCommandError`` when squeue
+    or scancel cannot answer: not knowing is never taken for "nothing runs"."""
+    records = state.read()["nodes"].values()
+    launched = {
+        rec["step_name"]: rec["launched"]
+        for rec in records
+        if rec.get("launched")
+        and rec.get("step_name")
+        and not (rec.get("slurm_job") or rec.get("terminated"))
+    }
+    cancelled: list[str] = []
+    seen: set[str] = set()
+    while True:
+        steps = list_steps(state.job_id)
+        if steps is None:
+            return cancelled  # SLURM says the job has ended: it ended every process of it
+        ours = {sid: name for sid, name in steps.items() if is_cluster_step(name, state.cluster_name)}
+        cancel_steps(list(ours), state.job_id, wait=90)
+        cancelled += ours
+        seen.update(ours.values())
+        unseen = [t for name, t in launched.items() if name not in seen and not _ended(state, name)]
+        if not unseen or time.time() - max(unseen) > STEP_GRACE_SECONDS:
+            break
+        if job_state(state.job_id) != "RUNNING":
+            break  # the job is ending (scancel, time limit): no step of it can start now
+        time.sleep(1)
+    _remove_temp_dirs(state)
+    return cancelled
+
+
+def _ended(state: ClusterState, step: str) -> bool:
+    """Every node of the step recorded its exit: the step ran, so it is not one that
+    squeue has yet to list."""
+    markers = state.markers()
+    ids = [i for i, rec in state.read()["nodes"].items() if rec.get("step_name") == step]
+    return bool(ids) and all(f"{i}.exit" in markers for i in ids)
+
+
+def _remove_temp_dirs(state: ClusterState) -> None:
+    """One srun over the nodes that recorded a temp dir; each removes only its own.
+
+    The per-node script is a file in the state dir (every node sees it), not an
+    argument: for thousands of nodes an argument would exceed the kernel's limit."""
+    per_node: dict[str, list[str]] = {}
+    # nodes of other jobs (elastic workers) clean up after themselves
+    outside = {i for i, rec in state.read()["nodes"].items() if rec.get("slurm_job")}
+    for name in state.markers():
+        if name.endswith(".tmpdir") and name[: -len(".tmpdir")] not in outside:
+            node, paths = state.temp_dirs(name[: -len(".tmpdir")])
+            if node and paths:
+                per_node.setdefault(node, []).extend(paths)
+    if not per_node:
+        return
+    lines = [f"  {shlex.quote(n)}) rm -rf -- {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]
+    script = state.save_file("cleanup.sh", 'case "$SLURMD_NODENAME" in\n' + "\n".join(lines) + "\nesac\n")
+    nodes = sorted(per_node)
+    name = step_name(state.cluster_name, "cleanup")
+    argv = srun_argv(state.job_id, nodes, ["bash", str(script)], name=name)
+    what = (
+        f"the temp dir cleanup (step {name} of job {state.job_id} on {len(nodes)} node(s): {compress(nodes)})"
+    )
+    proc = run_step(argv, what, CLEANUP_TIMEOUT)
+    if proc.returncode == 0:
+        return
+    error = f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+    if job_state(state.job_id) == "RUNNING":
+        raise LaunchError(error)  # a teardown run again can still reach the nodes
+    # the job is ending (scancel, its time limit): no step can start any more, and SLURM
+    # has ended every process; each node_run removes its own dir when its Ray ends
+    print(f"eray-provider: warning: {error}; the job has ended, so it is left there", file=sys.stderr)
+
+
+def wait_joined(
+    state: ClusterState,
+    watch: AliveWatch,
+    node_ids: Sequence[str],
+    timeout: float,
+    stopped=lambda: False,
+    say: Callable[[str], None] | None = None,
+    already: int = 0,
+) -> None:
+    """Until ``watch`` (from ``wait_head_ready``) sees every node of ``node_ids`` alive.
+    Raises ``LaunchError`` when one of them exited, ``TimeoutError`` naming the SLURM nodes
+    missing after ``timeout``. ``say``: where the progress goes (``join_progress``),
+    ``already`` nodes counted alive besides these (the head, when the workers are waited
+    for)."""
+
+    def failed() -> str | None:
+        markers = state.markers()
+        gone = [i for i in node_ids if f"{i}.exit" in markers]
+        if gone:
+            return f"node(s) {gone} exited while joining; see {state.logs}"
+        records = state.read()["nodes"]
+        ended = [i for i in node_ids if records.get(i, {}).get("terminated")]
+        return f"node(s) {ended} were terminated while joining" if ended else None
+
+    progress = None
+    if say is not None:
+        records = state.read()["nodes"]
+        progress = JoinProgress(
+            node_ids,
+            {i: records[i].get("slurm_node", i) for i in node_ids if i in records},
+            state.markers,
+            lambda i: state.read_marker(i, "exit"),
+            say,
+            already=already,
+        )
+    on_poll = progress.joined if progress is not None else lambda joined: None
+    missing = watch.wait(node_ids, timeout, failed, stopped, on_poll)
+    if missing:
+        records = state.read()["nodes"]
+        names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
+        raise TimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")

@@ -1,0 +1,462 @@
+"""Runs on a node, as the task of the node's long-lived step: becomes that node's Ray.
+
+``python -m eray_provider.runtime.node_run`` (started by the launcher for the head, by the
+head's provider for workers) picks this node's address, makes a private temp dir,
+runs the setup commands of workers, then runs ``ray start --block`` with the job's
+port plan, token and resources, and records the outcome for the provider. It forwards
+SIGTERM/SIGINT to Ray and, when Ray ends, copies its logs into the state dir
+(``node_logs``) and removes its temp dir.
+
+Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
+``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``).
+A node of a cluster that is being stopped (``ray down`` has begun) exits at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+
+from ..plan.cluster_config import DEFAULT_CAP_MB
+from ..plan.modules import END_WATCH, RUNTIME_ENV_HOOK, python_m
+from ..plan.node_spec import StartSpec
+from ..plan.ports import PortPlan, candidates, choose_plan
+from ..plan.sbatch import elastic_node_id
+from ..slurm.allocation import Allocation
+from ..slurm.client import load_allocation
+from ..slurm.hostlist import HostlistError, expand
+from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
+from .bind_shim import bind_env, check_preloaded, shim_path
+from .cluster_state import ClusterState
+from .node_logs import collect
+from .port_probe import busy_ports, host_exclusions, port_open
+from .process_identity import identity
+from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
+from .shared_dir import SharedDir
+
+#: How long a worker waits for the head's GCS to accept connections (the head's own
+#: start, its setup commands included, must fit in it).
+HEAD_WAIT_SECONDS = 600.0
+HEAD_POLL_SECONDS = 0.25
+#: How long an elastic replacement stands by for the autoscaler to show it (``stand_by``).
+STANDBY_SECONDS = 900.0
+#: How long the head's autoscaler lets a node of a fixed allocation take to run Ray (an
+#: elastic config sets ``provider.pending_timeout_s``): more than a worker's head wait
+#: (``HEAD_WAIT_SECONDS``) plus its setup commands.
+PENDING_TIMEOUT_SECONDS = 3600
+#: How long Ray may take to stop on SIGTERM before its logs are collected regardless.
+STOP_WAIT_SECONDS = 3.0
+
+
+class NodeRunError(RuntimeError):
+    pass
+
+
+def node_id_from(value: str, node_name: str) -> str | None:
+    """This node's id in ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``, written by
+    ``launch.encode_node_ids``); None when the launch does not name this node."""
+    hosts, sep, first = value.rpartition("@")
+    try:
+        names = expand(hosts) if sep and first.isdigit() else None
+    except HostlistError:
+        names = None
+    if names is None:
+        raise NodeRunError(f"ERAY_NODE_IDS={value!r}: expected <hostlist>@<first generation>")
+    if node_name not in names:
+        return None
+    return f"{node_name}.{int(first) + names.index(node_name)}"
+
+
+def interface_addresses() -> list[str]:
+    """IPv4 addresses of this host's interfaces (``ip -o -4 addr``), loopback excluded."""
+    try:
+        out = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    addrs = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            addr = parts[parts.index("inet") + 1].split("/")[0]
+            if not addr.startswith("127."):
+                addrs.append(addr)
+    return addrs
+
+
+def pick_ip(network: str | None) -> str:
+    """The address other nodes reach this node on.
+
+    With ``network`` (a CIDR from ``provider.network``): the interface address inside it.
+    Otherwise the hostname's address unless it is a loopback alias (a ``127.0.1.1`` entry
+    in /etc/hosts is common), else the address of the interface holding the default route.
+    """
+    if network:
+        net = ipaddress.ip_network(network, strict=False)
+        for addr in interface_addresses():
+            if ipaddress.ip_address(addr) in net:
+                return addr
+        raise NodeRunError(
+            f"provider.network={network!r}: no interface of {socket.gethostname()} is in it "
+            f"(addresses: {interface_addresses()})"
+        )
+    try:
+        for addr in socket.gethostbyname_ex(socket.gethostname())[2]:
+            if not addr.startswith("127."):
+                return addr
+    except OSError:
+        pass
+    addrs = interface_addresses()
+    if addrs:
+        return addrs[0]
+    raise NodeRunError(f"cannot find a non-loopback address of {socket.gethostname()}")
+
+
+def jax_env(state: ClusterState, provider: dict, plan, head_ip: str | None) -> dict[str, str]:
+    """What every Ray worker of the cluster needs for JAX (see ``eray_provider.jax``)."""
+    return {
+        "ERAY_HEAD_IP": (head_ip or "").split(":")[0],
+        "ERAY_JAX_PORTS": f"{plan.jax_first}:{plan.jax_count}",
+        "ERAY_JOB_ID": state.job_id,
+        "ERAY_JAX_ENV": json.dumps(provider.get("jax_env") or {}),
+        "RAY_RUNTIME_ENV_HOOK": RUNTIME_ENV_HOOK,
+    }
+
+
+def _hide_slurm(env: dict[str, str]) -> dict[str, str]:
+    """Move SLURM_* to ERAY_SLURM_*: inherited by workers they switch on JAX's SLURM detection."""
+    out = {}
+    for key, value in env.items():
+        if key.startswith("SLURM_") and key != "SLURM_CONF":
+            out["ERAY_" + key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def local_port_plan(job_id: str) -> PortPlan:
+    """The port plan of a node in a job of its own (an elastic worker): its job's first
+    candidate block that is free on this node."""
+    exclusions = host_exclusions()
+    cands = candidates(job_id, exclusions)[:8]
+    return choose_plan(job_id, exclusions, busy_ports([p for c in cands for p in c.all_ports()]))
+
+
+def current_head(state: ClusterState) -> str | None:
+    """The node id of the cluster's head: the last recorded one not terminated."""
+    heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head" and not r.get("terminated")]
+    return heads[-1] if heads else None
+
+
+def stand_by(state: ClusterState, node_id: str, replaces: str) -> None:
+    """A replacement of job ``replaces``'s node (elastic ``replace_before_end_s``) starts
+    Ray only once the head's provider shows it to the autoscaler in that node's place
+    (its ``handover`` marker, written after its ``standby`` marker): a Ray node that the
+    autoscaler does not know of would be taken for one too many of its type, and stopped.
+    Bounded by ``STANDBY_SECONDS``; ``ClusterStoppingError`` when the cluster is being
+    stopped meanwhile."""
+    state.write_marker(node_id, "standby", str(time.time()))
+    print(f"eray-provider: {node_id} replaces job {replaces}'s node: standing by", flush=True)
+    deadline = time.monotonic() + STANDBY_SECONDS
+    while state.read_marker(node_id, "handover") is None:
+        state.check_launchable()
+        if time.monotonic() > deadline:
+            raise NodeRunError(
+                f"{node_id} stood by {STANDBY_SECONDS:.0f} s to replace job {replaces}'s node and the "
+                f"head's autoscaler never showed it (is the head alive? see {state.logs})"
+            )
+        time.sleep(0.5)
+
+
+def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
+    """``ip:port`` of the head's GCS once it accepts connections: a worker launched with
+    the head waits here. Raises ``NodeRunError`` when the head exits first or is not
+    reachable within ``timeout`` (naming the head and its port), and
+    ``ClusterStoppingError`` when the cluster is being stopped meanwhile."""
+    deadline = time.monotonic() + timeout
+    head = None
+    while True:
+        state.check_launchable()
+        head = current_head(state)
+        if head is not None:
+            if state.read_marker(head, "exit") is not None:
+                raise NodeRunError(f"the head {head} exited before this node could join (see {state.logs})")
+            ip = state.read_marker(head, "ip")
+            if ip and port_open(ip, gcs_port):
+                return f"{ip}:{gcs_port}"
+        if time.monotonic() > deadline:
+            where = f"head {head}" if head else "no head recorded"
+            raise NodeRunError(
+                f"the head's GCS (port {gcs_port}, {where}) did not open within {timeout:.0f} s"
+            )
+        time.sleep(HEAD_POLL_SECONDS)
+
+
+def ray_temp_dir(private: str) -> str:
+    """Ray's ``--temp-dir`` inside a node's private (0700) dir. Ray makes the temp dir it is
+    given, and every dir it creates in it, world-writable (``chmod 0777``, in every release):
+    one level down, the private parent keeps other users of the host out of them all."""
+    return os.path.join(private, "ray")
+
+
+def heads_temp_dir(state: ClusterState) -> str:
+    """The head's private dir, whose path a worker's Ray takes on a Ray before 2.55
+    (``ray_compat.WORKER_TEMP_DIR_FROM_HEAD``), whatever ``--temp-dir`` says."""
+    head = current_head(state)
+    dirs = state.temp_dirs(head)[1] if head else []
+    if not dirs:
+        raise NodeRunError(f"the head ({head or 'none recorded'}) recorded no temp dir in {state.dir}")
+    return dirs[-1]
+
+
+def _wait_ray(proc: subprocess.Popen, stop_asked: list[float]) -> int:
+    """Ray's exit code; once a stop was asked (``stop_asked`` holds when), at most
+    ``STOP_WAIT_SECONDS`` more, then ``-SIGTERM`` while Ray still stops. Ray drains for up
+    to 30 s on SIGTERM, longer than SLURM's ``KillWait`` may leave before SIGKILL: the
+    logs are collected first, and the end of the step ends what is left of Ray."""
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if stop_asked and time.monotonic() - stop_asked[0] > STOP_WAIT_SECONDS:
+                return -signal.SIGTERM
+
+
+def _collect_logs(
+    state: ClusterState,
+    node_id: str,
+    private: str,
+    provider: dict,
+    role: str,
+    node_name: str,
+    own_job: str | None,
+    code: int,
+) -> None:
+    """Keep this node's Ray logs in the state dir (``node_logs``): its temp dir goes next.
+
+    Best effort, and it never fails the node: a cluster torn down meanwhile (its state
+    removed) or a full file system loses only the copy, said on stderr."""
+    cap = int(float(provider.get("collect_logs_mb", DEFAULT_CAP_MB)) * 2**20)
+    try:
+        slurm_cluster = state.read().get("slurm_cluster", "")
+    except (OSError, ValueError, RuntimeError):
+        slurm_cluster = ""
+    meta = {
+        "slurm_node": node_name,
+        "slurm_job": own_job or state.job_id,
+        "slurm_cluster": slurm_cluster,
+        "role": role,
+        "exit_code": code,
+    }
+    try:
+        dest = collect(ray_temp_dir(private), state.dir, node_id, cap, meta)
+    except OSError as e:
+        print(f"eray-provider: {node_id}: its Ray logs were not collected: {e}", file=sys.stderr, flush=True)
+        return
+    if dest is not None:
+        print(f"eray-provider: {node_id}: Ray logs collected into {dest}", flush=True)
+
+
+def _end_watch(gcs: str, args: list[str], ray_env: dict[str, str]) -> subprocess.Popen:
+    """Start ``end_watch`` (the head's watcher, or one node's drain) beside Ray, with the
+    cluster's token variables; it prints into this node's log."""
+    argv = python_m(sys.executable, END_WATCH, gcs, *args)
+    return subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+
+
+def _stop_helper(proc: subprocess.Popen) -> None:
+    """End a helper this process started (our child, by its handle), bounded."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> None:
+    """An elastic worker's job that SLURM requeued runs again from the start: what its last
+    run left (its end, its drain) is removed, and a ``rerun`` marker tells the provider,
+    which hid the node since the requeue, to show it again."""
+    state.marker(node_id, "exit").unlink(missing_ok=True)
+    state.marker(node_id, "drain").unlink(missing_ok=True)
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    if restarts.isdigit() and int(restarts) > 0:
+        state.write_marker(node_id, "rerun", restarts)
+
+
+def _run_setup(commands: list[str], env: dict[str, str]) -> None:
+    for cmd in commands:
+        print(f"eray-provider: setup: {cmd}", flush=True)
+        rc = subprocess.run(["bash", "-c", cmd], env=env, stdin=subprocess.DEVNULL).returncode
+        if rc != 0:
+            raise NodeRunError(f"setup command failed with exit {rc}: {cmd}")
+
+
+def main() -> int:
+    env = os.environ
+    state = ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
+    node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    # an elastic worker is a node of its own job, which the provider submitted with sbatch
+    own_job = env.get("SLURM_JOB_ID", "") if env.get("ERAY_ELASTIC") == "1" else None
+    if own_job is not None:
+        node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
+    else:
+        node_id = node_id_from(env["ERAY_NODE_IDS"], node_name)
+    if node_id is None:
+        print(f"eray-provider: node {node_name} is not in ERAY_NODE_IDS", file=sys.stderr)
+        return 2
+    role = env["ERAY_ROLE"]
+    tmp = None
+    ray_home: SharedDir | None = None
+    provider: dict = {}
+    code = 1
+    watcher: subprocess.Popen | None = None
+    drains: list[subprocess.Popen] = []
+    try:
+        config = state.cluster_config()
+        provider = config["provider"]
+        plan = state.ports()
+        if plan is None:
+            raise NodeRunError(f"no port plan in {state.dir}")
+        if own_job is not None:
+            _start_again(state, node_id, env)
+            alloc = load_allocation(own_job)
+            node_plan = local_port_plan(own_job)
+        else:
+            alloc = Allocation.from_dict(provider["allocation"])
+            node_plan = plan
+        ip = pick_ip(provider.get("network"))
+        # not $TMPDIR: the launching node's Ray sets it to its own temp dir
+        tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
+        state.write_temp_dirs(node_id, node_name, [tmp])
+        state.write_marker(node_id, "pid", identity(os.getpid()))
+        bootstrap = state.home / "ray_bootstrap_config.yaml"
+        n_workers = max(len(alloc.workers), 10)
+        ray_env = dict(
+            env,
+            HOME=str(state.home),
+            # everything Ray and Python create in temp dirs goes into ours; the user's own
+            # TMPDIR is kept aside for the nodes this one launches (the head's workers)
+            TMPDIR=tmp,
+            ERAY_USER_TMPDIR=env.get("ERAY_USER_TMPDIR", env.get("TMPDIR", "")),
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(state.token_path),
+            RAY_CLOUD_INSTANCE_ID=node_id,
+            RAY_USAGE_STATS_ENABLED="0",
+            AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
+            AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
+        )
+        ray_env.pop("RAY_ADDRESS", None)
+        head_address = None
+        if role == "worker":
+            # while the head starts (a cluster of fixed nodes starts every node at once)
+            _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
+            head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
+        # the dir Ray runs in, shared on this host with any other node of the cluster whose
+        # Ray takes the same path (before Ray 2.55 every worker takes the head's)
+        ray_home = SharedDir(heads_temp_dir(state) if role == "worker" and WORKER_TEMP_DIR_FROM_HEAD else tmp)
+        ray_home.enter()
+        if ray_home.path != tmp:
+            state.write_temp_dirs(node_id, node_name, [tmp, ray_home.path])
+        spec = StartSpec(
+            share=alloc.node(node_name),
+            job_id=alloc.job_id,
+            role=role,
+            ip=ip,
+            plan=node_plan,
+            temp_dir=ray_temp_dir(ray_home.path),
+            head_address=head_address,
+            dashboard_host=provider.get("dashboard_host"),
+            object_store_fraction=float(provider["object_store_fraction"]),
+            # the launcher's config: present under `ray up`, absent under `eray-provider run`
+            autoscaling_config=str(bootstrap) if role == "head" and bootstrap.exists() else None,
+            node_index=alloc.node_names.index(node_name),
+            metrics_export=bool(provider.get("metrics_export")),
+            end_time=alloc.end_time,
+        )
+        ray_env.update(spec.env())
+        if not provider.get("bind_all_interfaces"):
+            shim = shim_path()
+            if shim:
+                ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
+                check_preloaded(shim, ray_env)
+            else:
+                print(
+                    "eray-provider: warning: the bind shim was not built (no C compiler at install "
+                    "time?): Ray's gRPC servers listen on all interfaces (token-protected)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if role == "head":
+            # how long an adopted or launched node may take to run Ray before the autoscaler
+            # gives up on it (Ray's default differs by release: ray_compat)
+            pending = provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
+            ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(pending)
+        if role == "head" and provider.get("elastic"):
+            ray_env["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
+        ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
+        state.write_marker(node_id, "ip", ip)
+        print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
+        argv = spec.argv()
+        # the `ray` of this Python's environment, also when its bin dir is not on PATH
+        beside = os.path.join(os.path.dirname(sys.executable), "ray")
+        if os.access(beside, os.X_OK):
+            argv[0] = beside
+        if env.get("ERAY_REPLACES"):
+            stand_by(state, node_id, env["ERAY_REPLACES"])
+        state.check_launchable()  # a teardown that began while this step started wins
+        proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+        gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
+        lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
+        replaced = bool(provider.get("elastic")) and provider.get("replace_before_end_s", 0) > 0
+        if role == "head" and (lead > 0 or replaced):
+            watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
+
+        stop_asked: list[float] = []
+
+        def forward(signum, _frame):
+            stop_asked.append(time.monotonic())
+            proc.send_signal(signum)
+
+        def ending(_signum, _frame):
+            # SLURM's warning of this job's end (walltime.END_SIGNAL): drain this node now
+            print(f"eray-provider: {node_id}: SLURM signalled its job's end", flush=True)
+            drains.append(_end_watch(gcs, ["--node", node_id, "--job", own_job or state.job_id], ray_env))
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(getattr(signal, f"SIG{END_SIGNAL}"), ending)
+        code = _wait_ray(proc, stop_asked)
+    except Exception as e:  # reported to the provider through the exit marker
+        print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
+        code = 1 if code == 0 else code
+    finally:
+        for helper in [watcher, *drains]:
+            if helper is not None:
+                _stop_helper(helper)
+        try:
+            state.write_marker(node_id, "exit", str(code))
+        except FileNotFoundError:
+            pass  # the cluster was torn down and its state removed: nobody waits for it
+        if ray_home is not None:
+            _collect_logs(state, node_id, ray_home.path, provider, role, node_name, own_job, code)
+            ray_home.leave()  # removes it, unless another node of the cluster still runs in it
+        if tmp and (ray_home is None or ray_home.path != tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

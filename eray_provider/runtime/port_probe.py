@@ -1,0 +1,209 @@
+"""Which of the given TCP ports are taken on this node, and the node's own port ranges.
+
+``python -m eray_provider.runtime.port_probe 20224 20225 ...`` prints, for this node::
+
+    <node> busy <port>...
+    <node> ephemeral <lo> <hi>          (when ip_local_port_range is readable)
+    <node> reserved <lo>-<hi>,...       (when ip_local_reserved_ports is not empty)
+
+Run once on every node of a job in a single srun step before a port plan is fixed. The
+ranges are each node's own: nodes of one job can differ (a login node that runs ``ray up``
+differs from the compute nodes often), so the launcher merges what every node reports
+(``exclusions_from_reports``) instead of trusting its own ``/proc``. Stdlib only, fast to
+start; the parsing half is pure, for unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..plan.ports import Excluded
+from ..slurm.client import srun_port_range
+
+EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+RESERVED_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
+
+
+class ProbeError(RuntimeError):
+    """A probe's output that cannot be read, or a node that did not answer."""
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What the probe saw on one node."""
+
+    node: str
+    busy: tuple[int, ...] = ()
+    ephemeral: tuple[int, int] | None = None
+    reserved: tuple[tuple[int, int], ...] = ()
+
+
+def busy_ports(ports: list[int]) -> list[int]:
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def port_open(host: str, port: int, timeout: float = 2) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (a GCS that is up)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def parse_ephemeral(text: str, where: str = EPHEMERAL_FILE) -> tuple[int, int]:
+    """``32768\\t60999`` -> (32768, 60999); anything else raises naming ``where``."""
+    parts = text.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) > int(parts[1]):
+        raise ProbeError(f"{where}={text.strip()!r} is not 'LO HI'")
+    return int(parts[0]), int(parts[1])
+
+
+def parse_reserved(text: str, where: str = RESERVED_FILE) -> tuple[tuple[int, int], ...]:
+    """``8080,9148-9150`` -> ((8080, 8080), (9148, 9150)); empty -> ()."""
+    out: list[tuple[int, int]] = []
+    for item in text.strip().split(","):
+        if not item.strip():
+            continue
+        m = _RANGE.match(item.strip())
+        if m is None or int(m.group(1)) > int(m.group(2) or m.group(1)):
+            raise ProbeError(f"{where}={text.strip()!r}: {item!r} is not PORT or LO-HI")
+        out.append((int(m.group(1)), int(m.group(2) or m.group(1))))
+    return tuple(out)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def ephemeral_range() -> tuple[int, int] | None:
+    """This host's ephemeral port range, None where it cannot be read."""
+    text = _read(EPHEMERAL_FILE)
+    try:
+        return parse_ephemeral(text) if text is not None else None
+    except ProbeError:
+        return None
+
+
+def host_exclusions() -> list[Excluded]:
+    """Port ranges of this host that a job's port plan avoids: the ephemeral range (soft:
+    blocks inside it are the fallback where it covers everything, as 1024-65535 does) and
+    Slurm's ``SrunPortRange`` (hard). Only this host's view: a plan for other nodes merges
+    what each of them reports (``launch.ensure_port_plan``)."""
+    out: list[Excluded] = []
+    eph = ephemeral_range()
+    if eph is not None:
+        out.append(Excluded(*eph, "ip_local_port_range", soft=True))
+    srun = srun_port_range()
+    if srun is not None:
+        out.append(Excluded(*srun, "SrunPortRange"))
+    return out
+
+
+def local_report(ports: Sequence[int]) -> NodeReport:
+    """This node's busy ports among ``ports`` and its own ranges (unreadable ones omitted)."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    eph_text, res_text = _read(EPHEMERAL_FILE), _read(RESERVED_FILE)
+    return NodeReport(
+        node=node,
+        busy=tuple(busy_ports(list(ports))),
+        ephemeral=parse_ephemeral(eph_text) if eph_text is not None else None,
+        reserved=parse_reserved(res_text) if res_text is not None else (),
+    )
+
+
+def format_report(report: NodeReport) -> list[str]:
+    lines = [" ".join([report.node, "busy", *map(str, report.busy)])]
+    if report.ephemeral is not None:
+        lines.append(f"{report.node} ephemeral {report.ephemeral[0]} {report.ephemeral[1]}")
+    if report.reserved:
+        ranges = ",".join(f"{lo}-{hi}" for lo, hi in report.reserved)
+        lines.append(f"{report.node} reserved {ranges}")
+    return lines
+
+
+def parse_reports(text: str) -> dict[str, NodeReport]:
+    """The probe's stdout of every node (lines in any order) -> report per node."""
+    busy: dict[str, list[int]] = {}
+    ephemeral: dict[str, tuple[int, int]] = {}
+    reserved: dict[str, tuple[tuple[int, int], ...]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) < 2:
+            raise ProbeError(f"port probe printed {line!r}: expected '<node> busy|ephemeral|reserved ...'")
+        node, kind, rest = parts[0], parts[1], parts[2:]
+        if kind == "busy":
+            if not all(p.isdigit() for p in rest):
+                raise ProbeError(f"port probe of {node} printed {line!r}: busy ports must be numbers")
+            busy.setdefault(node, []).extend(int(p) for p in rest)
+        elif kind == "ephemeral":
+            ephemeral[node] = parse_ephemeral(" ".join(rest), f"{EPHEMERAL_FILE} on {node}")
+        elif kind == "reserved":
+            reserved[node] = parse_reserved(" ".join(rest), f"{RESERVED_FILE} on {node}")
+        else:
+            raise ProbeError(f"port probe of {node} printed {line!r}: unknown kind {kind!r}")
+    nodes = [*busy, *(n for n in (*ephemeral, *reserved) if n not in busy)]
+    return {n: NodeReport(n, tuple(busy.get(n, ())), ephemeral.get(n), reserved.get(n, ())) for n in nodes}
+
+
+def check_answered(reports: dict[str, NodeReport], nodes: Sequence[str]) -> None:
+    """Every node of the probe's step answered (the probe prints a ``busy`` line always)."""
+    missing = [n for n in nodes if n not in reports]
+    if missing and len(reports) < len(nodes):
+        raise ProbeError(
+            f"the port probe got no answer from {len(nodes) - len(reports)} of {len(nodes)} nodes "
+            f"(not answered: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''})"
+        )
+
+
+def exclusions_from_reports(reports: Iterable[NodeReport]) -> list[Excluded]:
+    """Every node's ephemeral range (soft) and reserved ports (hard), one entry per distinct
+    range: a job's plan must suit all its nodes, not only the host that computes it."""
+    seen: set[tuple[int, int, bool]] = set()
+    out: list[Excluded] = []
+    for report in reports:
+        found = [(r, False, RESERVED_FILE) for r in report.reserved]
+        if report.ephemeral is not None:
+            found.append((report.ephemeral, True, EPHEMERAL_FILE))
+        for (lo, hi), soft, path in found:
+            if (lo, hi, soft) not in seen:
+                seen.add((lo, hi, soft))
+                out.append(Excluded(lo, hi, f"{os.path.basename(path)} on {report.node}", soft))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    bad = [p for p in argv if not p.isdigit()]
+    if bad:
+        print(f"port_probe: ports must be numbers, got {bad[:5]!r}", file=sys.stderr)
+        return 2
+    try:
+        report = local_report([int(p) for p in argv])
+    except ProbeError as e:
+        print(f"port_probe: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(format_report(report)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

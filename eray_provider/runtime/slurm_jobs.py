@@ -1,0 +1,139 @@
+"""Submitting, listing, cancelling and requeueing the cluster's own SLURM jobs (sbatch,
+squeue, scancel, scontrol requeue).
+
+The elastic provider's only way to get and give back nodes. Each call is one SLURM
+command with a timeout; ``list_jobs`` is one ``squeue`` for all of the user's jobs, so
+the autoscaler's per-round cost does not grow with the number of nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..plan.names import is_cluster_job
+from ..plan.sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
+from ..slurm.client import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
+from ..slurm.walltime import END_SIGNAL
+
+
+def squeue_user() -> str:
+    """Whose jobs we list (``squeue -u``): this process's uid, which squeue takes as well
+    as a name. Not ``$USER``/``$LOGNAME`` (``getpass``): a wrong one (``sudo -E``, a
+    container) would list another user's jobs, and ours would look ended."""
+    return str(os.getuid())
+
+
+def batch_script(python: str) -> str:
+    """The job's script: one long-lived step, one ``node_run`` per node (the Ray node).
+
+    ``--overlap`` is not needed (the batch step holds no CPUs of the tasks); the step
+    ends when Ray ends on every node, and so does the job.
+    """
+    return (
+        "#!/bin/bash\n"
+        "exec srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet "
+        f"{shlex.quote(python)} -m eray_provider.runtime.node_run\n"
+    )
+
+
+#: The most seconds before its end that sbatch ``--signal`` takes.
+MAX_SIGNAL_LEAD = 65535
+
+
+def sbatch_argv(
+    request: SbatchRequest, name: str, log: Path, test_only: bool = False, warn_s: float = 0
+) -> list[str]:
+    """The sbatch line of one job. ``warn_s`` > 0: SLURM sends ``walltime.END_SIGNAL`` to its
+    steps that long before its end, and at once when it is preempted (where the site sets
+    ``preempt_send_user_signal``), unless the request's ``extra`` sets ``--signal`` itself."""
+    # --export=ALL: the job gets exactly the environment we submit with (clean_env), whatever
+    # the site's or the user's SBATCH_EXPORT says
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--open-mode=append"]
+    argv.append("--export=ALL")
+    if warn_s > 0 and not any(e.startswith("--signal") for e in request.extra):
+        argv.append(f"--signal={END_SIGNAL}@{min(MAX_SIGNAL_LEAD, max(1, round(warn_s)))}")
+    if test_only:
+        argv.append("--test-only")
+    return [*argv, *request.argv()]
+
+
+def submit(
+    request: SbatchRequest,
+    name: str,
+    script: str,
+    log: Path,
+    env: Mapping[str, str],
+    timeout: float = 60,
+    warn_s: float = 0,
+) -> str:
+    """Submit one job; returns its id. ``SlurmCommandError`` quotes SLURM's refusal."""
+    argv = sbatch_argv(request, name, log, warn_s=warn_s)
+    try:
+        proc = subprocess.run(
+            argv, input=script, capture_output=True, text=True, timeout=timeout, env=dict(env)
+        )
+    except FileNotFoundError as e:
+        raise SlurmCommandError("sbatch is not installed or not on PATH") from e
+    except subprocess.TimeoutExpired as e:
+        raise SlurmCommandError(f"sbatch did not answer within {timeout:.0f} s") from e
+    if proc.returncode != 0:
+        raise SlurmCommandError(f"sbatch refused job {name}: {(proc.stderr or proc.stdout).strip()}")
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmCommandError(f"sbatch printed no job id for {name}: {proc.stdout!r}")
+    return job_id
+
+
+def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) -> None:
+    """``sbatch --test-only``: SLURM's verdict on the request without submitting anything
+    (unknown partition, account or QOS, more nodes or CPUs than exist)."""
+    argv = sbatch_argv(request, "eray-check", Path("/dev/null"), test_only=True)
+    try:
+        proc = subprocess.run(
+            argv,
+            input="#!/bin/bash\ntrue\n",
+            capture_output=True,
+            text=True,
+            timeout=slurm_timeout(),
+            env=dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmCommandError(f"{where}: sbatch --test-only failed: {e}") from e
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
+        raise SlurmCommandError(f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}")
+
+
+def user_jobs(ended_too: bool = False, timeout: float | None = None) -> dict[str, JobInfo]:
+    """All of the user's jobs squeue lists (one call); with ``ended_too`` the ended ones it
+    still remembers as well. ``SlurmCommandError`` when squeue fails: no verdict on a job."""
+    states = ["-t", "all"] if ended_too else []
+    out = run_slurm(["squeue", "-h", "-a", *states, "-u", squeue_user(), "-o", SQUEUE_FORMAT], timeout)
+    return parse_squeue(out)
+
+
+def list_jobs(cluster: str) -> dict[str, JobInfo]:
+    """The user's jobs of exactly ``cluster`` (its head's job, its worker jobs): one squeue."""
+    return {k: v for k, v in user_jobs().items() if is_cluster_job(v.name, cluster)}
+
+
+def cancel_jobs(job_ids: Sequence[str]) -> None:
+    """One scancel for the given jobs; jobs that already ended are not an error, a
+    controller that does not answer is (``SlurmCommandError``, after the retries)."""
+    if not job_ids:
+        return
+    try:
+        run_slurm(["scancel", *job_ids])
+    except SlurmAnswerError:
+        pass
+
+
+def requeue_job(job_id: str) -> None:
+    """``scontrol requeue``: the job goes back in the queue now (its steps end) and runs
+    again later, keeping its id and its place in the queue. Tried once: a second try of a
+    requeue that took effect would be refused. ``SlurmCommandError`` with SLURM's words."""
+    run_slurm(["scontrol", "requeue", str(job_id)], attempts=1)

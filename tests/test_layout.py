@@ -1,0 +1,110 @@
+"""The package's floors (ARCHITECTURE.md): no import runs back up, and the pure floors
+spawn nothing and need no Ray. Read from every module's source, lazy imports included."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import eray_provider
+
+PKG = Path(eray_provider.__file__).parent
+FLOORS = {"slurm": 0, "plan": 1, "runtime": 2, "autoscaler": 3, "jax": 3}
+TOP = 4  # eray_provider/__init__.py and cli.py
+#: the one client of SLURM's commands: the only modules of a pure floor that run processes
+SLURM_CLIENT = {"eray_provider.slurm.client", "eray_provider.slurm.srun"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports, at the top or inside a function."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{alias.name}" for alias in node.names)  # from . import x
+    return out
+
+
+def floor(module: str) -> int | None:
+    """The floor of a module of the package; None for others and for the package itself,
+    whose light ``__init__`` every import of a submodule runs anyway."""
+    parts = module.split(".")
+    if parts[0] != "eray_provider" or len(parts) == 1:
+        return None
+    if parts[1] == "cli":
+        return TOP
+    return FLOORS.get(parts[1])
+
+
+def modules_paths() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_module_sits_on_a_floor() -> None:
+    assert {p.parent.name for p in modules_paths() if p.parent != PKG} == set(FLOORS)
+    assert {p.name for p in modules_paths() if p.parent == PKG} == {"__init__.py", "cli.py"}
+
+
+def test_no_import_runs_back_up() -> None:
+    wrong = []
+    for path in modules_paths():
+        name = module_name(path)
+        here = TOP if name == "eray_provider" else floor(name)
+        assert here is not None, name
+        for target in imports(path):
+            there = floor(target)
+            if there is not None and there > here:
+                wrong.append(f"{module_name(path)} -> {target}")
+    assert not wrong, "imports that run up a floor:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_pure_floors_run_nothing_and_need_no_ray() -> None:
+    wrong = []
+    for path in modules_paths():
+        name = module_name(path)
+        if floor(name) not in (0, 1):
+            continue
+        for target in imports(path):
+            top = target.split(".")[0]
+            if top == "ray" or (top == "subprocess" and name not in SLURM_CLIENT):
+                wrong.append(f"{name} -> {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_every_module_named_as_a_string_is_there() -> None:
+    import importlib
+
+    from eray_provider.plan import modules
+
+    for name in modules.RUN_AS_PROCESS:
+        assert importlib.util.find_spec(name) is not None, name
+        assert "__main__" in (PKG.parent / (name.replace(".", "/") + ".py")).read_text(), name
+    for path in (modules.RUNTIME_ENV_HOOK, modules.WORKER_SETUP_HOOK):
+        module, _, function = path.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), function)), path
+    for attribute, module in modules.LAZY.items():
+        assert getattr(importlib.import_module(module), attribute) is getattr(eray_provider, attribute)
+    # every string in the package that names one of its modules comes from plan/modules.py
+    named = re.compile(r"[\"']eray_provider\.[a-z_]+\.[a-z_.]+[\"']")
+    elsewhere = [
+        f"{module_name(p)}: {m.group()}"
+        for p in modules_paths()
+        if p.name != "modules.py"
+        for m in named.finditer(p.read_text())
+    ]
+    assert not elsewhere, elsewhere
