@@ -82,6 +82,7 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 
 from eray_provider.plan.cluster_config import fill_config
 from eray_provider.plan.elastic_config import fill_elastic_config
+from eray_provider.plan.modules import NODE_RUN
 from eray_provider.plan.ports import choose_plan
 from eray_provider.plan.sbatch import SQUEUE_FORMAT, elastic_node_id
 from eray_provider.runtime.cluster_state import ClusterState
@@ -185,7 +186,7 @@ elif cmd == "scancel":
     save("jobs", [r for k, r in jobs.items() if k not in gone])
 elif cmd == "srun":
     name = value("--job-name=")
-    if name and NODE_RUN in args:
+    if name and @NODE_RUN@ in args:
         save("steps", lines("steps") + ["%s.%d %s" % (ALLOC, counter(), name)])
     if len(args) >= 2 and args[-2] == "bash" and os.path.isfile(args[-1]):
         with open(args[-1]) as src, open(os.path.join(D, "script-%d.sh" % counter()), "w") as dst:
@@ -219,6 +220,7 @@ class FakeSlurm:
             .replace("@JOB@", repr(JOB))
             .replace("@FORMAT@", repr(SQUEUE_FORMAT))
             .replace("@FIRST@", str(FIRST_ELASTIC_JOB))
+            .replace("@NODE_RUN@", repr(NODE_RUN))
         )
         for name in self.COMMANDS:
             path = self.bin / name
