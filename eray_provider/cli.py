@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .plan.ports import PortPlan, PortPlanError, choose_plan
 from .runtime.ray_compat import UnsupportedRayError
@@ -128,7 +129,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return run(state, port=args.port, via=args.via)
 
 
-def _job_and_state_dir(s: argparse.ArgumentParser, state_dir: dict) -> None:
+def _job_and_state_dir(s: argparse.ArgumentParser, state_dir: dict[str, Any]) -> None:
     s.add_argument(
         "--job", help="which job's cluster of that name (default: the YAML's, or the one that runs)"
     )
@@ -177,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     s.set_defaults(func=_cmd_run)
 
-    state_dir = {"type": Path, "help": "the state base (default: $ERAY_STATE_DIR or ~/.eray-provider)"}
+    state_dir: dict[str, Any] = {
+        "type": Path,
+        "help": "the state base (default: $ERAY_STATE_DIR or ~/.eray-provider)",
+    }
     s = sub.add_parser(
         "status",
         help="every cluster of yours: jobs, nodes alive, head, time left, what is wrong",

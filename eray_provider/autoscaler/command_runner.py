@@ -181,7 +181,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         except ValueError as e:
             cli_logger.abort(str(e))
         if stop:
-            out = ""
+            out: bytes | str = ""
             if cmd:
                 out = self.run(cmd, timeout, exit_on_fail, None, with_output, environment_variables)
             self._stop_cluster()

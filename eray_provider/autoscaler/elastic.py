@@ -670,22 +670,22 @@ class SlurmJobProvider(SlurmNodeProvider):
             if end is not None and limit is not None:
                 ending.append(EndingJob(job.job_id, parsed[1], end, limit))
         stagger = float(self.provider_config.get("end_stagger_s", 0))
-        for job in due_replacements(ending, time.time(), lead, stagger):
-            rec = records[elastic_node_id(job.job_id, 0)]
+        for due in due_replacements(ending, time.time(), lead, stagger):
+            rec = records[elastic_node_id(due.job_id, 0)]
             try:
                 self.state.check_launchable()
-                self._check_refused(job.node_type)
-                config = configs[job.node_type]
-                request = node_request(self.provider_config, config, job.node_type)
-                self._submit_jobs(job.node_type, config, request, rec["tags"], 1, replaces=job.job_id)
+                self._check_refused(due.node_type)
+                config = configs[due.node_type]
+                request = node_request(self.provider_config, config, due.node_type)
+                self._submit_jobs(due.node_type, config, request, rec["tags"], 1, replaces=due.job_id)
             except ClusterStoppingError:
                 return
             except (SlurmCommandError, ClusterConfigError) as e:
-                self._replace_retry[job.job_id] = time.time() + REPLACE_RETRY_SECONDS
+                self._replace_retry[due.job_id] = time.time() + REPLACE_RETRY_SECONDS
                 logger.warning(
                     "could not submit the replacement of job %s (ends in %.0f s; tried again in %.0f s): %s",
-                    job.job_id,
-                    job.end - time.time(),
+                    due.job_id,
+                    due.end - time.time(),
                     REPLACE_RETRY_SECONDS,
                     e,
                 )
@@ -712,7 +712,12 @@ class SlurmJobProvider(SlurmNodeProvider):
                 # a replacement not handed over yet goes with the node it was to replace
                 successor = records.get(node_id, {}).get("successor")
                 parsed = _parse_node_id(successor) if successor else None
-                if parsed and successor not in shown and not records.get(successor, {}).get("terminated"):
+                if (
+                    successor
+                    and parsed
+                    and successor not in shown
+                    and not records.get(successor, {}).get("terminated")
+                ):
                     by_job.setdefault(parsed[0], []).append(successor)
         whole = []
         for job, ids in by_job.items():

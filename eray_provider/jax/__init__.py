@@ -454,7 +454,7 @@ class ProcessGroup:
         self.env_vars = dict(env_vars or {})
         self.id = uuid.uuid4().hex[:12]
         self.port: int | None = None
-        self.pg = None
+        self.pg: Any = None  # Ray's PlacementGroup once started
         self.actors: list = []  # in rank order once started
         self.nodes: list[str] = []  # SLURM node (host name) of each rank
         self.node_ids: list[str] = []  # Ray node id of each rank

@@ -97,8 +97,10 @@ class DistributedConfig:
             if layout is None:
                 raise AllocationError("coordinator_address is needed outside an srun step")
             coordinator = f"{layout.nodes[0]}:{job_coordinator_port(layout.job_id)}"
-        num = self.num_processes if self.num_processes is not None else (layout and layout.num_processes)
-        pid = self.process_id if self.process_id is not None else (layout and layout.process_id)
+        num, pid = self.num_processes, self.process_id
+        if layout is not None:
+            num = layout.num_processes if num is None else num
+            pid = layout.process_id if pid is None else pid
         if num is None or pid is None:
             raise AllocationError("num_processes and process_id are needed outside an srun step")
         devices = self.local_device_ids

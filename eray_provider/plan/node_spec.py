@@ -81,13 +81,13 @@ def ray_labels(
     return labels
 
 
-def share_key(share: NodeShare) -> tuple:
+def share_key(share: NodeShare) -> tuple[int, int, str | None, int | None]:
     return (share.cpus, share.gpus, share.gpu_type, share.memory_mb)
 
 
 def worker_types(alloc: Allocation) -> dict[str, list[NodeShare]]:
     """Worker node types: one per distinct share, named by what it holds, in node order."""
-    groups: dict[tuple, list[NodeShare]] = {}
+    groups: dict[tuple[int, int, str | None, int | None], list[NodeShare]] = {}
     for share in alloc.workers:
         groups.setdefault(share_key(share), []).append(share)
     types: dict[str, list[NodeShare]] = {}

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 #: Ports per job block: 16 named ports, 16 JAX coordinator ports, 224 worker ports.
 BLOCK = 256
@@ -129,8 +129,9 @@ class PortPlan:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> PortPlan:
-        return cls(**{k: (str(v) if k == "job_id" else int(v)) for k, v in d.items()})
+    def from_dict(cls, d: Mapping[str, Any]) -> PortPlan:
+        job_id = str(d["job_id"])
+        return cls(job_id, **{k: int(v) for k, v in d.items() if k != "job_id"})
 
     def ray_start_args(self) -> list[str]:
         """Flags of ``ray start`` that pin every port (the two metrics ports go via env)."""

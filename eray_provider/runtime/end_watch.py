@@ -129,7 +129,7 @@ def _client(address: str):
         if time.monotonic() > deadline:
             raise SystemExit(f"eray-provider: the GCS at {address} did not open in {GCS_WAIT_SECONDS:.0f} s")
         time.sleep(0.5)
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     return GcsClient(address=address)
 

@@ -310,6 +310,7 @@ def main() -> int:
     node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     # an elastic worker is a node of its own job, which the provider submitted with sbatch
     own_job = env.get("SLURM_JOB_ID", "") if env.get("ERAY_ELASTIC") == "1" else None
+    node_id: str | None
     if own_job is not None:
         node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
     else:

@@ -65,7 +65,7 @@ class SlurmAnswerError(SlurmCommandError):
         return "Invalid job id" in str(self)
 
 
-def _env_number(name: str, default: float, kind: type = float) -> float:
+def _env_number(name: str, default: float, kind: type[float] | type[int] = float) -> float:
     value = os.environ.get(name)
     if value is None or value == "":
         return default

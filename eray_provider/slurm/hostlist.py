@@ -153,7 +153,9 @@ def _expand_token(expr: str, offset: int, token: str) -> list[str]:
                 out += [fmt % n for n in range(lo, hi + 1)]
         return out
 
-    def substitute(template_literals: list[str], template_groups: list) -> list[str]:
+    def substitute(
+        template_literals: list[str], template_groups: list[list[tuple[int, int, int]]]
+    ) -> list[str]:
         if not template_groups:
             return with_prefix("".join(template_literals))
         *left_groups, right = template_groups

@@ -100,7 +100,7 @@ def run_step(argv: Sequence[str], what: str, timeout: float) -> subprocess.Compl
         raise SlurmCommandError(f"{what} did not end within {timeout:.0f} s") from e
 
 
-def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
+def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """Start an srun client in its own session, output to a file (never a pipe)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -189,7 +189,7 @@ def _wait_unlisted(step_ids: set[str], job_id: str, timeout: float) -> set[str]:
     return remaining
 
 
-def stop_foreground_step(proc: subprocess.Popen, job_id: str, name: str, wait: float = 10.0) -> None:
+def stop_foreground_step(proc: subprocess.Popen[bytes], job_id: str, name: str, wait: float = 10.0) -> None:
     """End an srun client we started in a session of its own (``start_new_session``, so
     that the terminal's Ctrl-C reaches us, not it) and the step it holds: SIGTERM (srun
     passes it to the task), then SIGKILL, then, if the step outlived its client, a
