@@ -240,3 +240,42 @@ def test_cli_hostlist_commands() -> None:
     assert proc.stdout.strip() == "n[1-3]"
     proc = run_cli("hostnames", "n[2-1]", env_vars={})
     assert proc.returncode == 2 and "n[2-1]" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("3000", 3000),
+        ("3000M", 3000),
+        ("4G", 4096),
+        ("4g", 4096),
+        ("4GB", 4096),
+        ("512K", 0.5),
+        ("1T", 1024**2),
+    ],
+)
+def test_one_memory_grammar_for_the_environment_scontrol_and_sbatch(text: str, mib: float) -> None:
+    from eray_provider.plan.sbatch import parse_mem
+    from eray_provider.slurm.allocation import memory_mib
+    from eray_provider.slurm.env import allocation_from_env
+    from eray_provider.slurm.scontrol import _memory_mb
+
+    assert memory_mib(text) == mib
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2"}
+    assert allocation_from_env({**env, "SLURM_MEM_PER_NODE": text}).nodes[0].memory_mb == (int(mib) or None)
+    assert _memory_mb(text) == (int(mib) or None)
+    assert parse_mem(text, "t") == max(1, int(mib))
+
+
+def test_memory_decimals_only_where_slurm_prints_them() -> None:
+    from eray_provider.plan.sbatch import SbatchRequestError, parse_mem
+    from eray_provider.slurm.allocation import memory_mib
+
+    assert memory_mib("1.50G", decimals=True) == 1536
+    assert memory_mib("1.50G") is None
+    for bad in ("", "G", "4 G", "4X", "-4G", "4GiB", "0x10"):
+        assert memory_mib(bad, decimals=True) is None, bad
+    with pytest.raises(SbatchRequestError, match=r"t\.mem: .*'1\.5G'"):
+        parse_mem("1.5G", "t")
+    with pytest.raises(SbatchRequestError, match=r"got 0"):
+        parse_mem(0, "t")

@@ -9,6 +9,7 @@ finds its coordinator on its head. Built from the environment (``slurm.env``) or
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -141,6 +142,23 @@ class Allocation:
             end_time=d.get("end_time"),
             time_limit_s=d.get("time_limit_s"),
         )
+
+
+_MEMORY = re.compile(r"(\d+)(\.\d+)?([KMGT]?)B?", re.IGNORECASE)
+_MIB_PER = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}
+
+
+def memory_mib(text: str, decimals: bool = False) -> float | None:
+    """An amount of memory as SLURM writes it (``--mem``, ``scontrol``, the ``SLURM_MEM_*``
+    variables): a number of MiB with an optional unit, K, M, G or T in either case and an
+    optional B after it (``3000``, ``3000M``, ``4G``, ``512k``, ``4GB``); ``decimals`` also
+    takes what ``scontrol`` prints (``1.50G``), which sbatch itself refuses. Returns MiB,
+    None for anything else: what 0 means and how to round is the caller's (a request of 0
+    is an error, a job's 0 is "not tracked")."""
+    m = _MEMORY.fullmatch(text.strip())
+    if m is None or (m.group(2) and not decimals):
+        return None
+    return float(m.group(1) + (m.group(2) or "")) * _MIB_PER[m.group(3).upper()]
 
 
 def parse_gpu_spec(value: str, variable: str) -> tuple[str | None, int]:

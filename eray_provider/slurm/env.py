@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
+from .allocation import Allocation, AllocationError, NodeShare, memory_mib, parse_gpu_spec
 from .hostlist import HostlistError, expand, expand_counts
 
 #: Set by SLURM in allocations, batch scripts and steps.
@@ -62,16 +62,11 @@ def _int(var: str, value: str) -> int:
 
 
 def _memory_mb(var: str, value: str) -> int:
-    """SLURM memory values are MiB, optionally with a unit suffix (``500``, ``500M``, ``4G``)."""
-    text = value.strip().upper()
-    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-    factor = 1.0
-    if text and text[-1] in scale:
-        factor = scale[text[-1]]
-        text = text[:-1]
-    if not text.isdigit():
+    """MiB of a ``SLURM_MEM_*`` variable (``500``, ``500M``, ``4G``: ``memory_mib``)."""
+    mib = memory_mib(value)
+    if mib is None:
         raise AllocationError(f"{var}={value!r} is not an amount of memory in MiB")
-    return int(int(text) * factor)
+    return int(mib)
 
 
 def _component(env: Mapping[str, str], suffix: str, label: str) -> list[NodeShare]:

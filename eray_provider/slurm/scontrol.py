@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, parse_gpu_spec
+from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, memory_mib, parse_gpu_spec
 from .hostlist import HostlistError, expand
 from .walltime import UNKNOWN_TIMES, WalltimeError, parse_duration, parse_timestamp
 
@@ -61,11 +61,10 @@ def _gres_gpus(value: str) -> tuple[str | None, int, tuple[int, ...] | None]:
 
 def _memory_mb(value: str) -> int | None:
     """``500``, ``500M``, ``4G`` -> MiB; ``0`` (memory not tracked) -> None."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value)
-    if not m:
+    mib = memory_mib(value, decimals=True)
+    if mib is None:
         raise AllocationError(f"cannot read memory {value!r} from scontrol")
-    mb = float(m.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[m.group(2)]
-    return int(mb) or None
+    return int(mib) or None
 
 
 def parse_fields(record: str) -> dict[str, str]:
