@@ -48,6 +48,8 @@ def floor(module: str) -> int | None:
         return None
     if parts[1] == "cli":
         return TOP
+    if parts[1] == "errors":
+        return -1  # the one family of errors, below every floor
     return FLOORS.get(parts[1])
 
 
@@ -57,7 +59,7 @@ def modules_paths() -> list[Path]:
 
 def test_every_module_sits_on_a_floor() -> None:
     assert {p.parent.name for p in modules_paths() if p.parent != PKG} == set(FLOORS)
-    assert {p.name for p in modules_paths() if p.parent == PKG} == {"__init__.py", "cli.py"}
+    assert {p.name for p in modules_paths() if p.parent == PKG} == {"__init__.py", "cli.py", "errors.py"}
 
 
 def test_no_import_runs_back_up() -> None:
@@ -108,3 +110,35 @@ def test_every_module_named_as_a_string_is_there() -> None:
         for m in named.finditer(p.read_text())
     ]
     assert not elsewhere, elsewhere
+
+
+def test_every_error_of_the_package_is_an_eray_error() -> None:
+    import importlib
+    import inspect
+
+    from eray_provider.errors import ErayError
+
+    classes = []
+    for path in modules_paths():
+        name = module_name(path)
+        if name.endswith(("__main__", "gcs_probe")):
+            continue
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == name:
+                classes.append(obj)
+    private = {c for c in classes if c.__name__.startswith("_") or c.__name__ == "Interrupted"}
+    assert len(classes) - len(private) >= 20
+    assert [c.__qualname__ for c in classes if c not in private and not issubclass(c, ErayError)] == []
+
+
+def test_the_command_line_prints_a_cluster_error_as_one_line(monkeypatch, capsys) -> None:
+    from eray_provider import cli
+    from eray_provider.slurm.client import SlurmCommandError
+
+    def fail(args):
+        raise SlurmCommandError("squeue did not answer within 30 s")
+
+    monkeypatch.setattr(cli, "_cmd_status", fail)
+    assert cli.main(["status"]) == 1
+    assert capsys.readouterr().err == "eray-provider: error: squeue did not answer within 30 s\n"

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ClusterError, ConfigError
 from .compat import close_client, distributed_initialized, enable_cpu_collectives, initialize_options
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ _KV_RENDEZVOUS = "eray-jax-coordinator/{group}"
 _state: dict[str, Any] | None = None
 
 
-class JaxInitError(RuntimeError):
+class JaxInitError(ClusterError):
     """``jax.distributed`` cannot be (or already was) initialized in this process."""
 
 
@@ -98,7 +99,7 @@ def drain_notice() -> DrainNotice | None:
     return min(found, key=lambda d: float("inf") if d.deadline is None else d.deadline)
 
 
-class GroupError(RuntimeError):
+class GroupError(ClusterError):
     """A rank of a process group died, was never placed, or never arrived."""
 
     def __init__(self, message: str, rank: int | None = None, node: str | None = None) -> None:
@@ -133,11 +134,11 @@ def default_coordinator() -> str:
 def _check_address(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"coordinator_address must be HOST:PORT, got {address!r}")
+        raise ConfigError(f"coordinator_address must be HOST:PORT, got {address!r}")
     try:
         socket.getaddrinfo(host, int(port))
     except OSError as e:
-        raise ValueError(f"coordinator_address {address!r}: cannot resolve {host!r}: {e}") from e
+        raise ConfigError(f"coordinator_address {address!r}: cannot resolve {host!r}: {e}") from e
 
 
 def ray_gpu_ids() -> list[int] | None:
@@ -167,17 +168,17 @@ def initialize(
     global _state
     for name, value in (("process_id", process_id), ("num_processes", num_processes)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an int, got {value!r}")
+            raise ConfigError(f"{name} must be an int, got {value!r}")
     if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+        raise ConfigError(f"num_processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
-        raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+        raise ConfigError(f"process_id must be in [0, {num_processes}), got {process_id}")
     if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
     if local_device_ids is not None:
         local_device_ids = list(local_device_ids)
         if not all(isinstance(i, int) and i >= 0 for i in local_device_ids):
-            raise ValueError(f"local_device_ids must be non-negative ints, got {local_device_ids!r}")
+            raise ConfigError(f"local_device_ids must be non-negative ints, got {local_device_ids!r}")
     if _state is not None:
         raise JaxInitError(
             f"jax.distributed is already initialized in this process (rank {_state['rank']} of "
@@ -322,7 +323,7 @@ def actor_options(
     Two groups alive at the same time in one driver need different ``group`` names.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
     if group is None:
         import ray
 
@@ -444,9 +445,9 @@ class ProcessGroup:
         if num_processes is None:
             num_processes = len(nodes)
         if num_processes < 1:
-            raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+            raise ConfigError(f"num_processes must be >= 1, got {num_processes}")
         if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
         self.num_processes = num_processes
         self.gpus = gpus_per_process
         self.cpus = cpus_per_process

@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
 from ..slurm.allocation import Allocation, NodeShare
 from .ports import PortPlan
 
@@ -37,7 +38,7 @@ def memory_split(share: NodeShare, object_store_fraction: float) -> tuple[int | 
     total = share.memory_mb * 1024 * 1024
     store = max(int(total * object_store_fraction), MIN_OBJECT_STORE)
     if store >= total:
-        raise ValueError(
+        raise ConfigError(
             f"node {share.name}: {share.memory_mb} MiB is too little for Ray "
             f"(the object store alone needs {MIN_OBJECT_STORE // 2**20} MiB)"
         )

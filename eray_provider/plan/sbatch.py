@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
 from ..slurm.allocation import NodeShare, memory_mib, parse_gpu_spec
 from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, share_resources
 
@@ -85,7 +86,7 @@ def _reserved(option: str) -> bool:
     return option[:2] in _RESERVED_SHORT
 
 
-class SbatchRequestError(ValueError):
+class SbatchRequestError(ConfigError):
     """A node type's sbatch request is malformed."""
 
 

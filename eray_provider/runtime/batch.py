@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ..errors import ConfigError
 from ..plan.cluster_config import fill_config
 from ..plan.node_spec import worker_types
 from ..slurm.allocation import Allocation, AllocationError
@@ -108,7 +109,7 @@ def run(
     provider_options: dict | None = None,
 ) -> int:
     if not command:
-        raise ValueError("eray-provider run needs a command after --")
+        raise ConfigError("eray-provider run needs a command after --")
     # under srun (several tasks on the first node too) only the step's first task builds
     # the cluster; the batch step is one task with SLURM_PROCID 0
     procid = os.environ.get("SLURM_PROCID", "0")

@@ -14,11 +14,12 @@ import os
 import subprocess
 from collections.abc import Iterable, Mapping
 
+from ..errors import ClusterError
 from ..plan.modules import BIND_SHIM
 from ..plan.ports import BLOCK, PortPlan
 
 
-class BindShimError(RuntimeError):
+class BindShimError(ClusterError):
     """The shim cannot be preloaded: Ray would listen on all interfaces."""
 
 

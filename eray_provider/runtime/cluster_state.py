@@ -35,6 +35,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from ..errors import ClusterError
 from ..plan.names import check_cluster_name, default_base
 from ..plan.ports import PortPlan
 from .node_logs import LOGS_DIR
@@ -43,7 +44,7 @@ from .node_logs import LOGS_DIR
 READ_FRESH_SECONDS = 0.5
 
 
-class ClusterStoppingError(RuntimeError):
+class ClusterStoppingError(ClusterError):
     """A launch was asked of a cluster whose teardown has begun."""
 
 
@@ -78,9 +79,9 @@ def ensure_private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.lstat(path)
     if not Path(path).is_dir() or Path(path).is_symlink():
-        raise RuntimeError(f"{path} is not a plain directory")
+        raise ClusterError(f"{path} is not a plain directory")
     if st.st_uid != os.getuid():
-        raise RuntimeError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+        raise ClusterError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
@@ -190,7 +191,7 @@ class ClusterState:
         if self._cache is None or self._cache[0] != mtime:
             doc = json.loads(self.state_path.read_text())
             if str(doc.get("job_id")) != self.job_id:
-                raise RuntimeError(f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}")
+                raise ClusterError(f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}")
             self._cache = (mtime, doc)
         return self._cache[1]
 

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from ..errors import ClusterError, ClusterTimeoutError
 from ..plan.join_progress import JoinProgress
 from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, RUNTIME_ENV_HOOK, python_m
 from ..plan.names import is_cluster_step, step_name
@@ -49,7 +50,7 @@ CLEANUP_TIMEOUT = 120.0
 PROBE_TIMEOUT = 120.0
 
 
-class LaunchError(RuntimeError):
+class LaunchError(ClusterError):
     pass
 
 
@@ -557,4 +558,4 @@ def wait_joined(
     if missing:
         records = state.read()["nodes"]
         names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
-        raise TimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")
+        raise ClusterTimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")

@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 
+from ..errors import ClusterError
 from ..plan.cluster_config import DEFAULT_CAP_MB
 from ..plan.modules import END_WATCH, RUNTIME_ENV_HOOK, python_m
 from ..plan.node_spec import StartSpec
@@ -57,7 +58,7 @@ PENDING_TIMEOUT_SECONDS = 3600
 STOP_WAIT_SECONDS = 3.0
 
 
-class NodeRunError(RuntimeError):
+class NodeRunError(ClusterError):
     pass
 
 

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..errors import ClusterError
 from ..plan.ports import Excluded
 from ..slurm.client import srun_port_range
 
@@ -30,7 +31,7 @@ RESERVED_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
 
 
-class ProbeError(RuntimeError):
+class ProbeError(ClusterError):
     """A probe's output that cannot be read, or a node that did not answer."""
 
 

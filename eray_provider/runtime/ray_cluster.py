@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ClusterError, ClusterTimeoutError
 from ..plan.names import safe_part
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
@@ -135,12 +136,12 @@ def _wait_ready(state: ClusterState, timeout: float) -> str:
     while time.monotonic() < deadline:
         failed = _marker(state, "failed")
         if failed.exists():
-            raise RuntimeError(f"the step's Ray cluster did not start: {failed.read_text()}")
+            raise ClusterError(f"the step's Ray cluster did not start: {failed.read_text()}")
         ready = _marker(state, "ready")
         if ready.exists() and ready.read_text():
             return ready.read_text()
         time.sleep(0.5)
-    raise TimeoutError(f"the step's Ray cluster was not ready after {timeout:.0f} s ({state.dir})")
+    raise ClusterTimeoutError(f"the step's Ray cluster was not ready after {timeout:.0f} s ({state.dir})")
 
 
 def _report_done(state: ClusterState, rank: int) -> None:
@@ -214,7 +215,7 @@ def auto_ray_cluster(
 
     if ray.is_initialized():
         if fail_if_cluster_already_initialized:
-            raise RuntimeError("Ray is already initialized in this process")
+            raise ClusterError("Ray is already initialized in this process")
         logger.warning("Ray is already initialized in this process: not connecting again")
     else:
         ray.init(address=address or "local", namespace=namespace, **kwargs)

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
+from ..errors import ConfigError
 
-class AllocationError(ValueError):
+
+class AllocationError(ConfigError):
     """SLURM facts that are missing, malformed or contradict each other."""
 
 
