@@ -37,6 +37,7 @@ from ray.autoscaler.tags import (
 
 from ..plan.cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
 from ..plan.elastic_config import fill_elastic_config, head_mode, node_request
+from ..plan.environment import launched_head_of
 from ..plan.names import (
     check_cluster_name,
     head_job_name,
@@ -125,7 +126,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         # replacements come from the head's autoscaler alone (its Ray's environment, from
         # node_run), never from a CLI's provider (`ray down` must not submit jobs)
         env = os.environ
-        self._on_head = env.get("ERAY_ROLE") == "head" and env.get("ERAY_CLUSTER") == cluster_name
+        self._on_head = launched_head_of(env, cluster_name)
         self._replace_retry: dict[str, float] = {}
         #: of the last view: the replacement node ids and the nodes standing by
         #: (``_hand_over`` looks at these), and the worker nodes alive, shown or hidden
@@ -517,10 +518,10 @@ class SlurmJobProvider(SlurmNodeProvider):
         is kept in the state, for the replacements the provider submits on its own
         (``_replace_ending``)."""
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
-        extra = {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type}
-        if replaces:
-            extra["ERAY_REPLACES"] = replaces  # node_run stands by until it is shown
-        env = node_env(self.state, "worker", {}, extra)
+        # with ``replaces``, node_run stands by until the node it replaces is shown
+        env = node_env(
+            self.state, "worker", {}, {"RAY_NODE_TYPE_NAME": node_type}, elastic=True, replaces=replaces
+        )
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
         submitted: list[tuple[str, float]] = []
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ClusterError, ConfigError
+from ..plan import environment
 from .compat import close_client, distributed_initialized, enable_cpu_collectives, initialize_options
 
 logger = logging.getLogger(__name__)
@@ -45,10 +46,6 @@ DRAIN_POLL_SECONDS = 2.0
 #: How long shutdown waits for killed ranks to be gone before ending rank 0, and for the
 #: ranks of a healthy group to close their JAX clients together before that.
 KILL_WAIT = 10.0
-ENV_RANK = "ERAY_JAX_RANK"
-ENV_WORLD = "ERAY_JAX_WORLD"
-ENV_GROUP = "ERAY_JAX_GROUP"
-ENV_TIMEOUT = "ERAY_JAX_TIMEOUT"
 _KV_PORT = "eray-jax-port/{job}/{port}"
 _KV_RENDEZVOUS = "eray-jax-coordinator/{group}"
 
@@ -110,20 +107,22 @@ class GroupError(ClusterError):
 
 def jax_ports() -> range:
     """The job's JAX coordinator ports (from the port plan, via ``ERAY_JAX_PORTS``)."""
-    value = os.environ.get("ERAY_JAX_PORTS", "")
-    first, _, count = value.partition(":")
-    if not first.isdigit() or not count.isdigit():
+    try:
+        ports = environment.read_jax_ports(os.environ)
+    except ConfigError as e:
+        raise JaxInitError(f"{e}; pass coordinator_address explicitly") from e
+    if ports is None:
         raise JaxInitError(
-            f"ERAY_JAX_PORTS={value!r}: not on an eray-provider cluster node; "
+            f"{environment.JAX_PORTS} is not set: not on an eray-provider cluster node; "
             "pass coordinator_address explicitly"
         )
-    return range(int(first), int(first) + int(count))
+    return ports
 
 
 def head_ip() -> str:
-    ip = os.environ.get("ERAY_HEAD_IP")
+    ip = environment.read_head_ip(os.environ)
     if not ip:
-        raise JaxInitError("ERAY_HEAD_IP is not set: pass coordinator_address explicitly")
+        raise JaxInitError(f"{environment.HEAD_IP} is not set: pass coordinator_address explicitly")
     return ip
 
 
@@ -225,7 +224,7 @@ HOOK_GRACE = 120.0
 
 def _port_key(port: int) -> str:
     """The GCS key that holds one JAX port of the job, shared by both kinds of groups."""
-    return _KV_PORT.format(job=os.environ.get("ERAY_JOB_ID", "local"), port=port)
+    return _KV_PORT.format(job=environment.read_job_id(os.environ) or "local", port=port)
 
 
 def _reserve(
@@ -328,19 +327,24 @@ def actor_options(
         import ray
 
         group = f"job-{ray.get_runtime_context().get_job_id()}"
-    env = {ENV_RANK: str(rank), ENV_WORLD: str(world_size), ENV_GROUP: group, ENV_TIMEOUT: str(timeout)}
+    env = {
+        environment.RANK: str(rank),
+        environment.WORLD: str(world_size),
+        environment.GROUP: group,
+        environment.TIMEOUT: str(timeout),
+    }
     return {"runtime_env": {"env_vars": env}}
 
 
 def initialize_from_env() -> bool:
     """Called by the runtime hook in every worker: initialize when the actor asked for it."""
-    if ENV_RANK not in os.environ or is_initialized():
+    if environment.RANK not in os.environ or is_initialized():
         return False
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
-    rank, world = int(os.environ[ENV_RANK]), int(os.environ[ENV_WORLD])
-    group = os.environ.get(ENV_GROUP, "default")
-    timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    rank, world = int(os.environ[environment.RANK]), int(os.environ[environment.WORLD])
+    group = os.environ.get(environment.GROUP, "default")
+    timeout = float(os.environ.get(environment.TIMEOUT, DEFAULT_TIMEOUT))
     key = _KV_RENDEZVOUS.format(group=group)
     if rank == 0:
         import ray

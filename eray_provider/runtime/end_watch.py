@@ -35,6 +35,8 @@ import time
 from collections.abc import Collection
 from typing import NamedTuple
 
+from ..errors import ConfigError
+from ..plan.environment import NodeLaunch
 from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError
 from ..slurm.walltime import (
@@ -135,10 +137,12 @@ def _client(address: str):
 
 
 def _state() -> ClusterState | None:
-    env = os.environ
-    if not all(env.get(k) for k in ("ERAY_CLUSTER", "ERAY_JOB_ID", "ERAY_STATE_BASE")):
+    """The cluster of the node_run that started this watcher, None outside one."""
+    try:
+        launch = NodeLaunch.from_env(os.environ)
+    except ConfigError:
         return None
-    return ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
+    return ClusterState(launch.cluster, launch.job_id, launch.state_base)
 
 
 def watch(address: str, lead: float, interval: float, replaced: bool = False) -> int:

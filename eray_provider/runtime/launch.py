@@ -22,8 +22,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import ClusterError, ClusterTimeoutError
+from ..plan import environment
+from ..plan.environment import ClusterEnv, host_of
 from ..plan.join_progress import JoinProgress
-from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, RUNTIME_ENV_HOOK, python_m
+from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, python_m
 from ..plan.names import is_cluster_step, step_name
 from ..plan.ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
 from ..slurm.allocation import Allocation
@@ -56,26 +58,21 @@ class LaunchError(ClusterError):
 
 def cluster_env(state: ClusterState) -> dict[str, str]:
     """Variables every process of the cluster and every client of it needs."""
-    env = {
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(state.token_path),
-        "HOME": str(state.home),
-        "RAY_RUNTIME_ENV_HOOK": RUNTIME_ENV_HOOK,
-    }
     address = head_address(state)
-    if address:
-        env["RAY_ADDRESS"] = address
-        env["ERAY_HEAD_IP"] = address.rsplit(":", 1)[0]
     plan = state.ports()
-    if plan is not None:
-        env["ERAY_JAX_PORTS"] = f"{plan.jax_first}:{plan.jax_count}"
-        env["ERAY_JOB_ID"] = state.job_id
     try:
         jax_defaults = state.cluster_config()["provider"].get("jax_env") or {}
     except (OSError, KeyError, ValueError):
         jax_defaults = {}
-    env["ERAY_JAX_ENV"] = json.dumps(jax_defaults)
-    return env
+    return ClusterEnv(
+        token_path=str(state.token_path),
+        home=str(state.home),
+        jax_env=jax_defaults,
+        job_id=state.job_id if plan is not None else None,
+        jax_ports=(plan.jax_first, plan.jax_count) if plan is not None else None,
+        head_ip=host_of(address) if address else None,
+        address=address,
+    ).to_env()
 
 
 def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
@@ -113,7 +110,7 @@ _NODE_SPECIFIC = (
     "RAY_CLOUD_INSTANCE_ID",
     "RAY_HEAD_IP",
     "RAY_ADDRESS",
-    "ERAY_",
+    environment.PREFIX,
 )
 
 
@@ -132,23 +129,33 @@ def encode_node_ids(ids: Mapping[str, str]) -> str:
     return f"{compress(names)}@{first}"
 
 
-def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
+def node_env(
+    state: ClusterState,
+    role: str,
+    ids: Mapping[str, str],
+    extra: Mapping[str, str],
+    elastic: bool = False,
+    replaces: str | None = None,
+) -> dict[str, str]:
+    """The environment of a node's step or job: this process's, less what describes its own
+    Ray node and every ``ERAY_*`` (a launch from inside a node), plus ``extra`` and the
+    ``NodeLaunch`` that node_run reads."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(_NODE_SPECIFIC)}
-    if "ERAY_USER_TMPDIR" in os.environ:  # launched from inside one of our Ray nodes
+    user_tmpdir = os.environ.get(environment.USER_TMPDIR)
+    if user_tmpdir is not None:  # launched from inside one of our Ray nodes
         base.pop("TMPDIR", None)
-        if os.environ["ERAY_USER_TMPDIR"]:
-            base["TMPDIR"] = os.environ["ERAY_USER_TMPDIR"]
-    return clean_env(
-        base,
-        {
-            **extra,
-            "ERAY_STATE_BASE": str(state.base),
-            "ERAY_CLUSTER": state.cluster_name,
-            "ERAY_JOB_ID": state.job_id,
-            "ERAY_ROLE": role,
-            "ERAY_NODE_IDS": encode_node_ids(ids),
-        },
+        if user_tmpdir:
+            base["TMPDIR"] = user_tmpdir
+    launch = environment.NodeLaunch(
+        state_base=str(state.base),
+        cluster=state.cluster_name,
+        job_id=state.job_id,
+        role=role,
+        node_ids=encode_node_ids(ids),
+        elastic=elastic,
+        replaces=replaces,
     )
+    return clean_env(base, {**extra, **launch.to_env()})
 
 
 def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> PortPlan:

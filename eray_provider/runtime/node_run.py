@@ -7,15 +7,14 @@ port plan, token and resources, and records the outcome for the provider. It for
 SIGTERM/SIGINT to Ray and, when Ray ends, copies its logs into the state dir
 (``node_logs``) and removes its temp dir.
 
-Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
-``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``).
+Its input comes from the environment: ``plan.environment.NodeLaunch`` (the state dir,
+cluster, job and role, and the launch's node ids as ``<hostlist>@<first generation>``).
 A node of a cluster that is being stopped (``ray down`` has begun) exits at once.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -26,14 +25,17 @@ import tempfile
 import time
 from collections.abc import Mapping
 
-from ..errors import ClusterError
+from ..errors import ClusterError, ConfigError
+from ..plan import environment
 from ..plan.cluster_config import DEFAULT_CAP_MB
-from ..plan.modules import END_WATCH, RUNTIME_ENV_HOOK, python_m
+from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
+from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
 from ..plan.ports import PortPlan, candidates, choose_plan
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
+from ..slurm.env import job_id_from_env
 from ..slurm.hostlist import HostlistError, expand
 from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 from .bind_shim import bind_env, check_preloaded, shim_path
@@ -71,7 +73,7 @@ def node_id_from(value: str, node_name: str) -> str | None:
     except HostlistError:
         names = None
     if names is None:
-        raise NodeRunError(f"ERAY_NODE_IDS={value!r}: expected <hostlist>@<first generation>")
+        raise NodeRunError(f"{environment.NODE_IDS}={value!r}: expected <hostlist>@<first generation>")
     if node_name not in names:
         return None
     return f"{node_name}.{int(first) + names.index(node_name)}"
@@ -121,28 +123,6 @@ def pick_ip(network: str | None) -> str:
     if addrs:
         return addrs[0]
     raise NodeRunError(f"cannot find a non-loopback address of {socket.gethostname()}")
-
-
-def jax_env(state: ClusterState, provider: dict, plan, head_ip: str | None) -> dict[str, str]:
-    """What every Ray worker of the cluster needs for JAX (see ``eray_provider.jax``)."""
-    return {
-        "ERAY_HEAD_IP": (head_ip or "").split(":")[0],
-        "ERAY_JAX_PORTS": f"{plan.jax_first}:{plan.jax_count}",
-        "ERAY_JOB_ID": state.job_id,
-        "ERAY_JAX_ENV": json.dumps(provider.get("jax_env") or {}),
-        "RAY_RUNTIME_ENV_HOOK": RUNTIME_ENV_HOOK,
-    }
-
-
-def _hide_slurm(env: dict[str, str]) -> dict[str, str]:
-    """Move SLURM_* to ERAY_SLURM_*: inherited by workers they switch on JAX's SLURM detection."""
-    out = {}
-    for key, value in env.items():
-        if key.startswith("SLURM_") and key != "SLURM_CONF":
-            out["ERAY_" + key] = value
-        else:
-            out[key] = value
-    return out
 
 
 def local_port_plan(job_id: str) -> PortPlan:
@@ -272,7 +252,7 @@ def _end_watch(gcs: str, args: list[str], ray_env: dict[str, str]) -> subprocess
     """Start ``end_watch`` (the head's watcher, or one node's drain) beside Ray, with the
     cluster's token variables; it prints into this node's log."""
     argv = python_m(sys.executable, END_WATCH, gcs, *args)
-    return subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
 
 
 def _stop_helper(proc: subprocess.Popen) -> None:
@@ -307,19 +287,26 @@ def _run_setup(commands: list[str], env: dict[str, str]) -> None:
 
 def main() -> int:
     env = os.environ
-    state = ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
+    try:
+        launch = NodeLaunch.from_env(env)
+        # an elastic worker is a node of its own job, which the provider submitted with sbatch
+        own_job = job_id_from_env(env) if launch.elastic else None
+        if launch.elastic and own_job is None:
+            raise ConfigError("SLURM_JOB_ID is not set: an elastic worker runs in a job of its own")
+    except ConfigError as e:
+        print(f"eray-provider: {e}", file=sys.stderr)
+        return 2
+    state = ClusterState(launch.cluster, launch.job_id, launch.state_base)
     node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    # an elastic worker is a node of its own job, which the provider submitted with sbatch
-    own_job = env.get("SLURM_JOB_ID", "") if env.get("ERAY_ELASTIC") == "1" else None
     node_id: str | None
     if own_job is not None:
         node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
     else:
-        node_id = node_id_from(env["ERAY_NODE_IDS"], node_name)
+        node_id = node_id_from(launch.node_ids, node_name)
     if node_id is None:
-        print(f"eray-provider: node {node_name} is not in ERAY_NODE_IDS", file=sys.stderr)
+        print(f"eray-provider: node {node_name} is not in {environment.NODE_IDS}", file=sys.stderr)
         return 2
-    role = env["ERAY_ROLE"]
+    role = launch.role
     tmp = None
     ray_home: SharedDir | None = None
     provider: dict = {}
@@ -346,15 +333,20 @@ def main() -> int:
         state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
         n_workers = max(len(alloc.workers), 10)
+        cluster = ClusterEnv(
+            token_path=str(state.token_path),
+            home=str(state.home),
+            jax_env=provider.get("jax_env") or {},
+            job_id=state.job_id,
+            jax_ports=(plan.jax_first, plan.jax_count),
+        )
         ray_env = dict(
             env,
-            HOME=str(state.home),
+            **cluster.to_env(),
             # everything Ray and Python create in temp dirs goes into ours; the user's own
             # TMPDIR is kept aside for the nodes this one launches (the head's workers)
             TMPDIR=tmp,
-            ERAY_USER_TMPDIR=env.get("ERAY_USER_TMPDIR", env.get("TMPDIR", "")),
-            RAY_AUTH_MODE="token",
-            RAY_AUTH_TOKEN_PATH=str(state.token_path),
+            **{environment.USER_TMPDIR: env.get(environment.USER_TMPDIR, env.get("TMPDIR", ""))},
             RAY_CLOUD_INSTANCE_ID=node_id,
             RAY_USAGE_STATS_ENABLED="0",
             AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
@@ -408,7 +400,7 @@ def main() -> int:
             ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(pending)
         if role == "head" and provider.get("elastic"):
             ray_env["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
-        ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
+        ray_env[environment.HEAD_IP] = ip if role == "head" else host_of(str(head_address))
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
         argv = spec.argv()
@@ -416,10 +408,10 @@ def main() -> int:
         beside = os.path.join(os.path.dirname(sys.executable), "ray")
         if os.access(beside, os.X_OK):
             argv[0] = beside
-        if env.get("ERAY_REPLACES"):
-            stand_by(state, node_id, env["ERAY_REPLACES"])
+        if launch.replaces:
+            stand_by(state, node_id, launch.replaces)
         state.check_launchable()  # a teardown that began while this step started wins
-        proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
         replaced = bool(provider.get("elastic")) and provider.get("replace_before_end_s", 0) > 0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError, ClusterTimeoutError
+from ..plan.environment import CLIENT_VARIABLES
 from ..plan.names import safe_part
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
@@ -41,9 +42,6 @@ logger = logging.getLogger(__name__)
 
 #: How long the first process waits at exit for the others to disconnect.
 EXIT_WAIT_SECONDS = 120.0
-#: What a connecting process takes from the cluster's environment (not its HOME).
-_CLIENT_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_RUNTIME_ENV_HOOK", "ERAY_HEAD_IP",
-                "ERAY_JAX_PORTS", "ERAY_JOB_ID", "ERAY_JAX_ENV")  # fmt: skip
 _initialized = False
 
 
@@ -180,7 +178,8 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     # registered before ray.init, so it runs after Ray's own exit handler
     atexit.register(_report_done, state, layout.process_id)
     client = cluster_env(state)
-    os.environ.update({k: client[k] for k in _CLIENT_VARS if k in client})
+    # what a connecting process takes from the cluster's environment (not its HOME)
+    os.environ.update({k: client[k] for k in CLIENT_VARIABLES if k in client})
     here = env.get("SLURMD_NODENAME")
     mine = [i for i, rec in state.read()["nodes"].items() if rec["slurm_node"] == here]
     return address, (state.read_marker(mine[0], "ip") if mine else None)
