@@ -142,3 +142,16 @@ def test_the_command_line_prints_a_cluster_error_as_one_line(monkeypatch, capsys
     monkeypatch.setattr(cli, "_cmd_status", fail)
     assert cli.main(["status"]) == 1
     assert capsys.readouterr().err == "eray-provider: error: squeue did not answer within 30 s\n"
+
+
+def test_only_the_slurm_floor_reads_slurm_variables() -> None:
+    """``SLURM_*`` named as a variable (a whole string) only under slurm/ and in the hiding
+    of them from Ray (plan/environment.py)."""
+    named = re.compile(r"[\"'](SLURMD?_[A-Z_]+)[\"']")
+    outside = [
+        f"{module_name(p)}: {m.group(1)}"
+        for p in modules_paths()
+        if floor(module_name(p)) != 0 and p.name != "environment.py"
+        for m in named.finditer(p.read_text())
+    ]
+    assert not outside, outside

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..plan.ports import job_coordinator_port
 from ..slurm.allocation import AllocationError
-from ..slurm.env import in_srun_step
+from ..slurm.env import in_step_task
 from ..slurm.step import StepLayout, step_layout, task_bound
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class DistributedConfig:
         cluster's port plan (an ``auto_ray_cluster`` started next in the step does not
         collide with it). Two JAX steps of one job running at once need
         ``coordinator_address`` given to one of them."""
-        in_step = in_srun_step(env) and "SLURM_PROCID" in env
+        in_step = in_step_task(env)
         if not in_step and not self._given():
             return None
         layout = step_layout(env) if in_step else None

@@ -41,6 +41,7 @@ from ..errors import ConfigError
 from ..plan.modules import RELAY, python_m
 from ..plan.names import step_name
 from ..slurm.client import SlurmCommandError, slurm_timeout
+from ..slurm.env import job_id_from_env
 from ..slurm.srun import job_state, srun_argv
 from .cluster_state import ClusterState
 from .node_run import current_head
@@ -338,6 +339,6 @@ def resolve(target: str, job: str | None, base: Path) -> ClusterState:
         config = yaml.safe_load(Path(target).read_text()) or {}
         name = str(config.get("cluster_name", ""))
         provider = config.get("provider") or {}
-        job = job or (str(provider["job_id"]) if provider.get("job_id") else os.environ.get("SLURM_JOB_ID"))
+        job = job or (str(provider["job_id"]) if provider.get("job_id") else job_id_from_env(os.environ))
         base = Path(provider.get("state_dir") or base).expanduser()
     return ClusterState(name, find_cluster(base, name, job, state_dirs(base)), base)

@@ -35,7 +35,8 @@ from ..plan.ports import PortPlan, candidates, choose_plan
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
-from ..slurm.env import job_id_from_env
+from ..slurm.env import job_id_from_env, node_index, restart_count
+from ..slurm.env import node_name as slurm_node_name
 from ..slurm.hostlist import HostlistError, expand
 from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 from .bind_shim import bind_env, check_preloaded, shim_path
@@ -272,9 +273,9 @@ def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> N
     which hid the node since the requeue, to show it again."""
     state.marker(node_id, "exit").unlink(missing_ok=True)
     state.marker(node_id, "drain").unlink(missing_ok=True)
-    restarts = env.get("SLURM_RESTART_COUNT", "0")
-    if restarts.isdigit() and int(restarts) > 0:
-        state.write_marker(node_id, "rerun", restarts)
+    restarts = restart_count(env)
+    if restarts > 0:
+        state.write_marker(node_id, "rerun", str(restarts))
 
 
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
@@ -297,10 +298,10 @@ def main() -> int:
         print(f"eray-provider: {e}", file=sys.stderr)
         return 2
     state = ClusterState(launch.cluster, launch.job_id, launch.state_base)
-    node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node_name = slurm_node_name(env)
     node_id: str | None
     if own_job is not None:
-        node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
+        node_id = elastic_node_id(own_job, node_index(env))
     else:
         node_id = node_id_from(launch.node_ids, node_name)
     if node_id is None:

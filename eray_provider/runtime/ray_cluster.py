@@ -31,7 +31,7 @@ from ..plan.environment import CLIENT_VARIABLES
 from ..plan.names import safe_part
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
-from ..slurm.env import in_srun_step
+from ..slurm.env import in_srun_step, node_name, step_instance
 from ..slurm.srun import job_state
 from ..slurm.step import StepLayout, step_layout
 from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
@@ -49,7 +49,7 @@ def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
     """Unique per srun invocation: job ids start again after a controller's cold start, so
     the step id alone could meet an earlier job's leftovers. It names the SLURM cluster
     too: job ids of two SLURM clusters sharing a HOME are unrelated."""
-    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{safe_part(slurm_cluster)}"
+    return f"step{step_instance(env)}@{safe_part(slurm_cluster)}"
 
 
 #: File in a step cluster's state dir naming the SLURM cluster it ran on (its scontrol name).
@@ -180,7 +180,7 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     client = cluster_env(state)
     # what a connecting process takes from the cluster's environment (not its HOME)
     os.environ.update({k: client[k] for k in CLIENT_VARIABLES if k in client})
-    here = env.get("SLURMD_NODENAME")
+    here = node_name(env)
     mine = [i for i, rec in state.read()["nodes"].items() if rec["slurm_node"] == here]
     return address, (state.read_marker(mine[0], "ip") if mine else None)
 

@@ -8,6 +8,7 @@ guessed (a run-length list that disagrees with the node list is an error).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 
 from .allocation import Allocation, AllocationError, NodeShare, memory_mib, parse_gpu_spec
@@ -34,6 +35,47 @@ def in_srun_step(env: Mapping[str, str]) -> bool:
     ``SLURM_TASKS_PER_NODE``, ``SLURM_JOB_NODELIST`` for steps started from outside)
     describe the step instead of the job."""
     return any(var in env for var in STEP_VARIABLES)
+
+
+def in_step_task(env: Mapping[str, str]) -> bool:
+    """True in a task of an srun step that knows its rank (``SLURM_PROCID``)."""
+    return in_srun_step(env) and "SLURM_PROCID" in env
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """This node's name as SLURM knows it: ``SLURMD_NODENAME`` in a job's steps, else the
+    host name up to its first dot (as slurmd names a node by default)."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _count_of(env: Mapping[str, str], var: str) -> int:
+    value = env.get(var, "0")
+    if not value.isdigit():
+        raise AllocationError(f"{var}={value!r} is not a non-negative integer")
+    return int(value)
+
+
+def node_index(env: Mapping[str, str]) -> int:
+    """This node's index in its job (``SLURM_NODEID``; 0 when unset)."""
+    return _count_of(env, "SLURM_NODEID")
+
+
+def task_index(env: Mapping[str, str]) -> int:
+    """This task's rank in its step (``SLURM_PROCID``; 0 when unset, as in a batch script)."""
+    return _count_of(env, "SLURM_PROCID")
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """How often SLURM requeued this job (``SLURM_RESTART_COUNT``; 0 when unset)."""
+    return _count_of(env, "SLURM_RESTART_COUNT")
+
+
+def step_instance(env: Mapping[str, str]) -> str:
+    """One srun invocation, unique within its job: ``<step id>-<srun's port>`` (step ids
+    start again after a controller's cold start; the client's port tells two apart)."""
+    if "SLURM_STEP_ID" not in env:
+        raise AllocationError("SLURM_STEP_ID is not set: not inside an srun step (run under srun)")
+    return f"{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}"
 
 
 def job_id_from_env(env: Mapping[str, str]) -> str | None:
