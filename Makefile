@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test unit compat lint demo bench soak testbed-up testbed-down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

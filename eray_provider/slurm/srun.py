@@ -43,7 +43,6 @@ def srun_argv(
     command: Sequence[str],
     name: str | None = None,
     pty: bool = False,
-    input_all: bool = False,
     immediate: float | None = None,
     unbuffered: bool = False,
 ) -> list[str]:
@@ -67,8 +66,6 @@ def srun_argv(
         argv.append(f"--job-name={name}")
     if pty:
         argv.append("--pty")
-    if input_all:
-        argv.append("--input=all")
     if immediate is not None:
         argv.append(f"--immediate={max(1, round(immediate))}")
     if unbuffered:
