@@ -279,3 +279,27 @@ def test_memory_decimals_only_where_slurm_prints_them() -> None:
         parse_mem("1.5G", "t")
     with pytest.raises(SbatchRequestError, match=r"got 0"):
         parse_mem(0, "t")
+
+
+def test_one_rule_for_a_node_shared_by_two_components() -> None:
+    from eray_provider.slurm.allocation import add_shares, one_gpu_type
+    from eray_provider.slurm.scontrol import _gres_gpus
+
+    a100, v100 = NodeShare("n1", 2, 1, "a100", 1000), NodeShare("n1", 1, 2, "v100", 500)
+    assert add_shares(a100, v100) == NodeShare("n1", 3, 3, None, 1500)
+    assert add_shares(a100, NodeShare("n1", 1, 0, None, None)) == NodeShare("n1", 3, 1, "a100", None)
+    assert one_gpu_type(["a100", "a100"]) == "a100" and one_gpu_type(["a100", None]) is None
+    # the environment and scontrol read mixed types alike
+    assert _gres_gpus("gpu:a100:1(IDX:0),gpu:v100:2(IDX:1-2)") == (None, 3, (0, 1, 2))
+    assert parse_gpu_spec("a100:1,v100:2", "SLURM_GPUS_PER_NODE") == (None, 3)
+    env = {
+        "SLURM_JOB_ID": "4",
+        "SLURM_HET_SIZE": "2",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "n1",
+        "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_0": "2",
+        "SLURM_GPUS_PER_NODE_HET_GROUP_0": "a100:1",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "n1",
+        "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_1": "1",
+        "SLURM_GPUS_PER_NODE_HET_GROUP_1": "v100:2",
+    }
+    assert shares(allocation_from_env(env)) == [("n1", 3, 3, None, None)]

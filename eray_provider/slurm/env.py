@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
-from .allocation import Allocation, AllocationError, NodeShare, memory_mib, parse_gpu_spec
+from .allocation import Allocation, AllocationError, NodeShare, add_shares, memory_mib, parse_gpu_spec
 from .hostlist import HostlistError, expand, expand_counts
 
 #: Set by SLURM in allocations, batch scripts and steps.
@@ -274,14 +274,5 @@ def _merge_repeated(nodes: list[NodeShare], job_id: str) -> tuple[NodeShare, ...
         if n.name not in merged:
             merged[n.name] = n
             continue
-        m = merged[n.name]
-        types = {t for t in (m.gpu_type, n.gpu_type) if t}
-        merged[n.name] = NodeShare(
-            n.name,
-            m.cpus + n.cpus,
-            m.gpus + n.gpus,
-            types.pop() if len(types) == 1 else None,
-            None if m.memory_mb is None or n.memory_mb is None else m.memory_mb + n.memory_mb,
-            None,
-        )
+        merged[n.name] = add_shares(merged[n.name], n)
     return tuple(merged.values())
