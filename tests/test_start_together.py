@@ -135,3 +135,42 @@ def test_join_progress_says_who_is_missing_and_why(monkeypatch: pytest.MonkeyPat
     assert quiet == [
         "0 of 3 nodes alive; waiting for a (step not started), b (step not started), d (step not started)"
     ]
+
+
+def test_the_node_record_transitions(tmp_path: Path) -> None:
+    state = ClusterState("c1", "42", tmp_path)
+    with state.lock(creating=True):
+        state.create(slurm_cluster="s")
+    head, worker = state.add_nodes([("n1", "head", {"k": "v"}), ("n2", "worker", {})])
+    state.mark_launched([head, worker], "eray.c1.head.1")
+    state.set_tags(worker, {"k": "w"})
+    state.set_tags("gone.9", {"k": "x"})  # a node no longer recorded is left alone
+    state.mark_requested(head, {"k": "again"})
+    state.mark_terminated([worker])
+    nodes = state.read()["nodes"]
+    assert nodes[head]["step_name"] == nodes[worker]["step_name"] == "eray.c1.head.1"
+    assert nodes[head]["requested"]["tags"] == {"k": "again"} and not nodes[head].get("terminated")
+    assert nodes[worker]["tags"] == {"k": "w"} and nodes[worker]["terminated"] is True
+    # elastic: two jobs of two nodes replacing job 40, then one pair forgotten, then ended
+    state.add_job_nodes("cpu", {"sbatch": {}}, [("50", 1.0), ("51", 2.0)], 2, {"t": "1"}, replaces="40")
+    state.add_job_nodes("cpu", {"sbatch": {}}, [("40", 0.5)], 2, {})
+    state.add_job_nodes("cpu", {"sbatch": {}}, [("52", 3.0)], 2, {}, replaces="40")
+    nodes = state.read()["nodes"]
+    assert nodes["j50-1"]["replaces"] == "j40-1" and nodes["j40-1"]["successor"] == "j52-1"
+    state.forget_replacements({"j52-1": "j40-1"})
+    nodes = state.read()["nodes"]
+    assert "replaces" not in nodes["j52-1"] and "successor" not in nodes["j40-1"]
+    state.end_jobs({"50": ["j50-0"], "51": ["j51-0"], "77": ["j77-0"]}, requeued=["51"])
+    nodes = state.read()["nodes"]
+    assert (
+        nodes["j50-0"]["terminated"] and nodes["j51-0"]["requeued"] and not nodes["j51-0"].get("terminated")
+    )
+    assert nodes["j77-0"] == {
+        "slurm_job": "77",
+        "role": "worker",
+        "tags": {},
+        "created": nodes["j77-0"]["created"],
+        "terminated": True,
+    }
+    state.note_refused({"gpu": ("60", "PartitionConfig")})
+    assert state.read()["refused"]["gpu"]["reason"] == "PartitionConfig"

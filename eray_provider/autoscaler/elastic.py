@@ -236,16 +236,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         for job, node_type in hopeless:
             logger.error("SLURM job %s (%s) cannot start (%s): cancelled", job.job_id, node_type, job.reason)
 
-        def note(doc):
-            for job, node_type in hopeless:
-                doc.setdefault("refused", {})[node_type] = {
-                    "job": job.job_id,
-                    "reason": job.reason,
-                    "at": time.time(),
-                }
-
         if self.state.exists():
-            self.state.update(note)
+            self.state.note_refused({node_type: (job.job_id, job.reason) for job, node_type in hopeless})
 
     def _check_refused(self, node_type: str) -> None:
         refused = self.state.read().get("refused", {}).get(node_type)
@@ -525,18 +517,6 @@ class SlurmJobProvider(SlurmNodeProvider):
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
         submitted: list[tuple[str, float]] = []
 
-        def add(doc):
-            doc.setdefault("node_configs", {})[node_type] = node_config
-            for job, at in submitted:
-                for index in range(request.nodes):
-                    rec = {"slurm_job": job, "role": "worker", "tags": dict(tags), "created": at}
-                    if replaces:
-                        rec["replaces"] = elastic_node_id(replaces, index)
-                        old = doc["nodes"].get(elastic_node_id(replaces, index))
-                        if old is not None:
-                            old["successor"] = elastic_node_id(job, index)
-                    doc["nodes"][elastic_node_id(job, index)] = rec
-
         try:
             for _ in range(n_jobs):
                 job = submit(
@@ -559,7 +539,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             # one state write for the whole launch (a write per job is O(N) each), also
             # when a later sbatch failed: the jobs already submitted are recorded
             if submitted:
-                self.state.update(add)
+                self.state.add_job_nodes(node_type, node_config, submitted, request.nodes, tags, replaces)
                 self._drop_views()
 
     # ------------------------------------------------------------------ replace
@@ -608,13 +588,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if not failed:
             return
 
-        def forget(doc):
-            for new, old in failed.items():
-                doc["nodes"].get(new, {}).pop("replaces", None)
-                if doc["nodes"].get(old, {}).get("successor") == new:
-                    doc["nodes"][old].pop("successor")
-
-        self.state.update(forget)
+        self.state.forget_replacements(failed)
         self._drop_views()
         for new, old in failed.items():
             old_job = (_parse_node_id(old) or ("", 0))[0]
@@ -737,15 +711,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         requeued = self._requeued(whole, by_job)
         cancel_jobs([job for job in whole if job not in requeued])
 
-        def mark(doc):
-            for job, ids in by_job.items():
-                for node_id in ids:
-                    rec = doc["nodes"].setdefault(node_id, {"slurm_job": job, "role": "worker", "tags": {}})
-                    rec["created"] = rec.get("created", time.time())
-                    rec["requeued" if job in requeued else "terminated"] = True
-
         if self.state.exists():
-            self.state.update(mark)
+            self.state.end_jobs(by_job, requeued)
         self._jobs_cache = (0.0, self._jobs_cache[1])
         self._drop_views()
 

@@ -11,7 +11,6 @@ is up in one node's start time, not two. Teardown cancels exactly this cluster's
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shlex
@@ -233,9 +232,7 @@ def start_head(
             name = step_name(state.cluster_name, f"head.{rec['gen']}")
             argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
-            doc = json.loads(json.dumps(doc))
-            doc["nodes"][node_id].update(step_name=name, launched=time.time())
-            state.write(doc)
+            state.mark_launched([node_id], name)
     return proc
 
 
@@ -251,18 +248,8 @@ def launch_workers(
     env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
     with state.lock(timeout=120):
         state.check_launchable()
-        _mark_launched(state, list(nodes.values()), name)
+        state.mark_launched(list(nodes.values()), name)
         return launch_detached(argv, state.logs / f"workers.{batch}.log", env)
-
-
-def _mark_launched(state: ClusterState, node_ids: Sequence[str], step_name: str) -> None:
-    now = time.time()
-
-    def mark(doc):
-        for node_id in node_ids:
-            doc["nodes"][node_id].update(step_name=step_name, launched=now)
-
-    state.update(mark)
 
 
 def _tail(path, lines: int = 25) -> str:
