@@ -174,3 +174,38 @@ def test_the_node_record_transitions(tmp_path: Path) -> None:
     }
     state.note_refused({"gpu": ("60", "PartitionConfig")})
     assert state.read()["refused"]["gpu"]["reason"] == "PartitionConfig"
+
+
+def test_a_node_knows_who_it_is_and_what_its_ray_gets() -> None:
+    from eray_provider.errors import ConfigError
+    from eray_provider.plan.environment import ClusterEnv, NodeLaunch
+    from eray_provider.runtime.node_run import head_environment, identify, ray_environment
+
+    launch = NodeLaunch("/s", "c1", "42", "worker", "node[1-3]@4").to_env()
+    ident = identify({**launch, "SLURMD_NODENAME": "node2"})
+    assert (ident.node_id, ident.own_job, ident.node_name) == ("node2.5", None, "node2")
+    with pytest.raises(ConfigError, match=r"node node9 is not in ERAY_NODE_IDS='node\[1-3\]@4'"):
+        identify({**launch, "SLURMD_NODENAME": "node9"})
+    elastic = NodeLaunch("/s", "c1", "42", "worker", elastic=True).to_env()
+    assert (
+        identify({**elastic, "SLURM_JOB_ID": "77", "SLURM_NODEID": "1", "SLURMD_NODENAME": "n"}).node_id
+        == "j77-1"
+    )
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
+        identify(elastic)
+
+    step = {"PATH": "/bin", "TMPDIR": "/home/u/tmp", "RAY_ADDRESS": "10.0.0.9:1", "SLURM_JOB_ID": "42"}
+    env = ray_environment(
+        step, ClusterEnv("/t", "/h", job_id="42", jax_ports=(20240, 16)), "/tmp/x", "node2.5", 12
+    )
+    assert "RAY_ADDRESS" not in env and env["TMPDIR"] == "/tmp/x" and env["ERAY_USER_TMPDIR"] == "/home/u/tmp"
+    assert env["RAY_CLOUD_INSTANCE_ID"] == "node2.5" and env["AUTOSCALER_MAX_LAUNCH_BATCH"] == "12"
+    assert (
+        env["RAY_AUTH_TOKEN_PATH"] == "/t" and env["ERAY_JAX_PORTS"] == "20240:16" and env["PATH"] == "/bin"
+    )
+    nested = ray_environment({**step, "ERAY_USER_TMPDIR": ""}, ClusterEnv("/t", "/h"), "/tmp/y", "n.1", 10)
+    assert nested["ERAY_USER_TMPDIR"] == ""  # launched from inside a node: the user had none
+    assert head_environment({}).keys() == {"RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"}
+    assert (
+        head_environment({"elastic": True, "autoscaler_interval_s": 1})["AUTOSCALER_UPDATE_INTERVAL_S"] == "1"
+    )

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ClusterError, ConfigError
 from ..plan import environment
@@ -286,27 +288,79 @@ def _run_setup(commands: list[str], env: dict[str, str]) -> None:
             raise NodeRunError(f"setup command failed with exit {rc}: {cmd}")
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Which node of which cluster this process is. ``own_job``: an elastic worker's own
+    SLURM job (the provider submitted it with sbatch); None for a node of the cluster's job."""
+
+    launch: NodeLaunch
+    node_name: str
+    node_id: str
+    own_job: str | None
+
+
+def identify(env: Mapping[str, str]) -> Identity:
+    """This node's identity from what the launcher and SLURM handed it; ``ConfigError``
+    naming what is missing."""
+    launch = NodeLaunch.from_env(env)
+    own_job = job_id_from_env(env) if launch.elastic else None
+    if launch.elastic and own_job is None:
+        raise ConfigError("SLURM_JOB_ID is not set: an elastic worker runs in a job of its own")
+    node_name = slurm_node_name(env)
+    if own_job is not None:
+        return Identity(launch, node_name, elastic_node_id(own_job, node_index(env)), own_job)
+    node_id = node_id_from(launch.node_ids, node_name)
+    if node_id is None:
+        raise ConfigError(f"node {node_name} is not in {environment.NODE_IDS}={launch.node_ids!r}")
+    return Identity(launch, node_name, node_id, None)
+
+
+def ray_environment(
+    env: Mapping[str, str], cluster: ClusterEnv, tmp: str, node_id: str, n_workers: int
+) -> dict[str, str]:
+    """The environment of the node's setup commands and of its Ray, before its start spec:
+    the step's own, the cluster's (``ClusterEnv``; no ``RAY_ADDRESS``: ``ray start`` is
+    told its head), Ray's temp files in ``tmp`` (the user's ``TMPDIR`` kept aside for the
+    nodes this one launches) and the node's instance id."""
+    out = dict(env)
+    out.pop("RAY_ADDRESS", None)
+    out.update(cluster.to_env())
+    out.update(
+        {
+            "TMPDIR": tmp,
+            environment.USER_TMPDIR: env.get(environment.USER_TMPDIR, env.get("TMPDIR", "")),
+            "RAY_CLOUD_INSTANCE_ID": node_id,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": str(n_workers),
+            "AUTOSCALER_MAX_LAUNCH_BATCH": str(n_workers),
+        }
+    )
+    return out
+
+
+def head_environment(provider: Mapping[str, Any]) -> dict[str, str]:
+    """What only the head's Ray gets: how long an adopted or launched node may take to
+    run Ray before the autoscaler gives up on it (Ray's default differs by release:
+    ray_compat), and an elastic cluster's autoscaler interval."""
+    out = {
+        "RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S": str(
+            provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
+        )
+    }
+    if provider.get("elastic"):
+        out["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
+    return out
+
+
 def main() -> int:
     env = os.environ
     try:
-        launch = NodeLaunch.from_env(env)
-        # an elastic worker is a node of its own job, which the provider submitted with sbatch
-        own_job = job_id_from_env(env) if launch.elastic else None
-        if launch.elastic and own_job is None:
-            raise ConfigError("SLURM_JOB_ID is not set: an elastic worker runs in a job of its own")
+        ident = identify(env)
     except ConfigError as e:
         print(f"eray-provider: {e}", file=sys.stderr)
         return 2
+    launch, node_name, node_id, own_job = ident.launch, ident.node_name, ident.node_id, ident.own_job
     state = ClusterState(launch.cluster, launch.job_id, launch.state_base)
-    node_name = slurm_node_name(env)
-    node_id: str | None
-    if own_job is not None:
-        node_id = elastic_node_id(own_job, node_index(env))
-    else:
-        node_id = node_id_from(launch.node_ids, node_name)
-    if node_id is None:
-        print(f"eray-provider: node {node_name} is not in {environment.NODE_IDS}", file=sys.stderr)
-        return 2
     role = launch.role
     tmp = None
     ray_home: SharedDir | None = None
@@ -341,19 +395,7 @@ def main() -> int:
             job_id=state.job_id,
             jax_ports=(plan.jax_first, plan.jax_count),
         )
-        ray_env = dict(
-            env,
-            **cluster.to_env(),
-            # everything Ray and Python create in temp dirs goes into ours; the user's own
-            # TMPDIR is kept aside for the nodes this one launches (the head's workers)
-            TMPDIR=tmp,
-            **{environment.USER_TMPDIR: env.get(environment.USER_TMPDIR, env.get("TMPDIR", ""))},
-            RAY_CLOUD_INSTANCE_ID=node_id,
-            RAY_USAGE_STATS_ENABLED="0",
-            AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
-            AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
-        )
-        ray_env.pop("RAY_ADDRESS", None)
+        ray_env = ray_environment(env, cluster, tmp, node_id, n_workers)
         head_address = None
         if role == "worker":
             # while the head starts (a cluster of fixed nodes starts every node at once)
@@ -395,12 +437,7 @@ def main() -> int:
                     flush=True,
                 )
         if role == "head":
-            # how long an adopted or launched node may take to run Ray before the autoscaler
-            # gives up on it (Ray's default differs by release: ray_compat)
-            pending = provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
-            ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(pending)
-        if role == "head" and provider.get("elastic"):
-            ray_env["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
+            ray_env.update(head_environment(provider))
         ray_env[environment.HEAD_IP] = ip if role == "head" else host_of(str(head_address))
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
