@@ -61,7 +61,12 @@ def modules_paths() -> list[Path]:
 
 def test_every_module_sits_on_a_floor() -> None:
     assert {p.parent.name for p in modules_paths() if p.parent != PKG} == set(FLOORS)
-    assert {p.name for p in modules_paths() if p.parent == PKG} == {"__init__.py", "cli.py", "errors.py", "jax_hook.py"}
+    assert {p.name for p in modules_paths() if p.parent == PKG} == {
+        "__init__.py",
+        "cli.py",
+        "errors.py",
+        "jax_hook.py",
+    }
 
 
 def test_no_import_runs_back_up() -> None:
