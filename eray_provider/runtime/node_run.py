@@ -352,6 +352,62 @@ def head_environment(provider: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def start_spec(
+    alloc: Allocation,
+    node_name: str,
+    role: str,
+    ip: str,
+    plan: PortPlan,
+    temp_dir: str,
+    head_address: str | None,
+    provider: Mapping[str, Any],
+    autoscaling_config: str | None,
+) -> StartSpec:
+    """This node's ``ray start``, from its share of the allocation and the provider config."""
+    return StartSpec(
+        share=alloc.node(node_name),
+        job_id=alloc.job_id,
+        role=role,
+        ip=ip,
+        plan=plan,
+        temp_dir=temp_dir,
+        head_address=head_address,
+        dashboard_host=provider.get("dashboard_host"),
+        object_store_fraction=float(provider["object_store_fraction"]),
+        autoscaling_config=autoscaling_config,
+        node_index=alloc.node_names.index(node_name),
+        metrics_export=bool(provider.get("metrics_export")),
+        end_time=alloc.end_time,
+    )
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes],
+    node_id: str,
+    gcs: str,
+    job: str,
+    ray_env: dict[str, str],
+    drains: list[subprocess.Popen[bytes]],
+) -> int:
+    """Until the node's Ray ends: SIGTERM and SIGINT are passed on to it, and SLURM's
+    warning of the job's end (``walltime.END_SIGNAL``) drains this node now (a helper
+    appended to ``drains``, which the caller stops). Returns Ray's exit code."""
+    stop_asked: list[float] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stop_asked.append(time.monotonic())
+        proc.send_signal(signum)
+
+    def ending(_signum: int, _frame: object) -> None:
+        print(f"eray-provider: {node_id}: SLURM signalled its job's end", flush=True)
+        drains.append(_end_watch(gcs, ["--node", node_id, "--job", job], ray_env))
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(getattr(signal, f"SIG{END_SIGNAL}"), ending)
+    return _wait_ray(proc, stop_asked)
+
+
 def main() -> int:
     env = os.environ
     try:
@@ -407,21 +463,18 @@ def main() -> int:
         ray_home.enter()
         if ray_home.path != tmp:
             state.write_temp_dirs(node_id, node_name, [tmp, ray_home.path])
-        spec = StartSpec(
-            share=alloc.node(node_name),
-            job_id=alloc.job_id,
-            role=role,
-            ip=ip,
-            plan=node_plan,
-            temp_dir=ray_temp_dir(ray_home.path),
-            head_address=head_address,
-            dashboard_host=provider.get("dashboard_host"),
-            object_store_fraction=float(provider["object_store_fraction"]),
-            # the launcher's config: present under `ray up`, absent under `eray-provider run`
-            autoscaling_config=str(bootstrap) if role == "head" and bootstrap.exists() else None,
-            node_index=alloc.node_names.index(node_name),
-            metrics_export=bool(provider.get("metrics_export")),
-            end_time=alloc.end_time,
+        # the launcher's config: present under `ray up`, absent under `eray-provider run`
+        autoscaling = str(bootstrap) if role == "head" and bootstrap.exists() else None
+        spec = start_spec(
+            alloc,
+            node_name,
+            role,
+            ip,
+            node_plan,
+            ray_temp_dir(ray_home.path),
+            head_address,
+            provider,
+            autoscaling,
         )
         ray_env.update(spec.env())
         if not provider.get("bind_all_interfaces"):
@@ -456,21 +509,7 @@ def main() -> int:
         if role == "head" and (lead > 0 or replaced):
             watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
 
-        stop_asked: list[float] = []
-
-        def forward(signum, _frame):
-            stop_asked.append(time.monotonic())
-            proc.send_signal(signum)
-
-        def ending(_signum, _frame):
-            # SLURM's warning of this job's end (walltime.END_SIGNAL): drain this node now
-            print(f"eray-provider: {node_id}: SLURM signalled its job's end", flush=True)
-            drains.append(_end_watch(gcs, ["--node", node_id, "--job", own_job or state.job_id], ray_env))
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(getattr(signal, f"SIG{END_SIGNAL}"), ending)
-        code = _wait_ray(proc, stop_asked)
+        code = _supervise(proc, node_id, gcs, own_job or state.job_id, ray_env, drains)
     except Exception as e:  # reported to the provider through the exit marker
         print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
         code = 1 if code == 0 else code
