@@ -1,4 +1,4 @@
-# make test: create .venv when missing, install the package with its test extra, run everything,
+# make test: create .venv when missing, install the package with its test extra, lint (ruff, mypy), run everything,
 # then the supported range (scripts/compat: the unit suite on the other Pythons, the live smoke
 # tests on the oldest supported Ray).
 # make demo: the whole user flow on the SLURM test bed.
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test unit compat lint demo bench soak testbed-up testbed-down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -ra tests
 	PYTHON=$(PYTHON) scripts/compat
 
@@ -29,6 +30,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
 	$(VENV)/bin/ruff format --check eray_provider tests bench examples
+	$(VENV)/bin/mypy
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py

@@ -13,11 +13,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from .plan.ports import PortPlan, PortPlanError, choose_plan
-from .runtime.ray_compat import UnsupportedRayError
+from .errors import ConfigError, ErayError
+from .plan.ports import PortPlan, choose_plan
 from .slurm import hostlist
-from .slurm.allocation import Allocation, AllocationError
+from .slurm.allocation import Allocation
 from .slurm.walltime import describe_end
 
 
@@ -86,7 +87,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pairs = [kv.partition("=") for kv in args.jax_env]
         bad = [k for k, sep, _ in pairs if not sep or not k]
         if bad:
-            raise ValueError(f"--jax-env expects KEY=VALUE, got {args.jax_env!r}")
+            raise ConfigError(f"--jax-env expects KEY=VALUE, got {args.jax_env!r}")
         options["jax_env"] = {k: v for k, _, v in pairs}
     return run(command, cluster_name=args.name, join_timeout=args.timeout, provider_options=options)
 
@@ -128,7 +129,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return run(state, port=args.port, via=args.via)
 
 
-def _job_and_state_dir(s: argparse.ArgumentParser, state_dir: dict) -> None:
+def _job_and_state_dir(s: argparse.ArgumentParser, state_dir: dict[str, Any]) -> None:
     s.add_argument(
         "--job", help="which job's cluster of that name (default: the YAML's, or the one that runs)"
     )
@@ -177,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     s.set_defaults(func=_cmd_run)
 
-    state_dir = {"type": Path, "help": "the state base (default: $ERAY_STATE_DIR or ~/.eray-provider)"}
+    state_dir: dict[str, Any] = {
+        "type": Path,
+        "help": "the state base (default: $ERAY_STATE_DIR or ~/.eray-provider)",
+    }
     s = sub.add_parser(
         "status",
         help="every cluster of yours: jobs, nodes alive, head, time left, what is wrong",
@@ -228,9 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (hostlist.HostlistError, AllocationError, PortPlanError, UnsupportedRayError, ValueError) as e:
-        print(f"eray-provider: {e}", file=sys.stderr)
-        return 2
+    except (ErayError, ValueError) as e:  # a ValueError of argparse's type= conversions too
+        print(f"eray-provider: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
 
 
 if __name__ == "__main__":

@@ -240,3 +240,66 @@ def test_cli_hostlist_commands() -> None:
     assert proc.stdout.strip() == "n[1-3]"
     proc = run_cli("hostnames", "n[2-1]", env_vars={})
     assert proc.returncode == 2 and "n[2-1]" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("3000", 3000),
+        ("3000M", 3000),
+        ("4G", 4096),
+        ("4g", 4096),
+        ("4GB", 4096),
+        ("512K", 0.5),
+        ("1T", 1024**2),
+    ],
+)
+def test_one_memory_grammar_for_the_environment_scontrol_and_sbatch(text: str, mib: float) -> None:
+    from eray_provider.plan.sbatch import parse_mem
+    from eray_provider.slurm.allocation import memory_mib
+    from eray_provider.slurm.env import allocation_from_env
+    from eray_provider.slurm.scontrol import _memory_mb
+
+    assert memory_mib(text) == mib
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2"}
+    assert allocation_from_env({**env, "SLURM_MEM_PER_NODE": text}).nodes[0].memory_mb == (int(mib) or None)
+    assert _memory_mb(text) == (int(mib) or None)
+    assert parse_mem(text, "t") == max(1, int(mib))
+
+
+def test_memory_decimals_only_where_slurm_prints_them() -> None:
+    from eray_provider.plan.sbatch import SbatchRequestError, parse_mem
+    from eray_provider.slurm.allocation import memory_mib
+
+    assert memory_mib("1.50G", decimals=True) == 1536
+    assert memory_mib("1.50G") is None
+    for bad in ("", "G", "4 G", "4X", "-4G", "4GiB", "0x10"):
+        assert memory_mib(bad, decimals=True) is None, bad
+    with pytest.raises(SbatchRequestError, match=r"t\.mem: .*'1\.5G'"):
+        parse_mem("1.5G", "t")
+    with pytest.raises(SbatchRequestError, match=r"got 0"):
+        parse_mem(0, "t")
+
+
+def test_one_rule_for_a_node_shared_by_two_components() -> None:
+    from eray_provider.slurm.allocation import add_shares, one_gpu_type
+    from eray_provider.slurm.scontrol import _gres_gpus
+
+    a100, v100 = NodeShare("n1", 2, 1, "a100", 1000), NodeShare("n1", 1, 2, "v100", 500)
+    assert add_shares(a100, v100) == NodeShare("n1", 3, 3, None, 1500)
+    assert add_shares(a100, NodeShare("n1", 1, 0, None, None)) == NodeShare("n1", 3, 1, "a100", None)
+    assert one_gpu_type(["a100", "a100"]) == "a100" and one_gpu_type(["a100", None]) is None
+    # the environment and scontrol read mixed types alike
+    assert _gres_gpus("gpu:a100:1(IDX:0),gpu:v100:2(IDX:1-2)") == (None, 3, (0, 1, 2))
+    assert parse_gpu_spec("a100:1,v100:2", "SLURM_GPUS_PER_NODE") == (None, 3)
+    env = {
+        "SLURM_JOB_ID": "4",
+        "SLURM_HET_SIZE": "2",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "n1",
+        "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_0": "2",
+        "SLURM_GPUS_PER_NODE_HET_GROUP_0": "a100:1",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "n1",
+        "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_1": "1",
+        "SLURM_GPUS_PER_NODE_HET_GROUP_1": "v100:2",
+    }
+    assert shares(allocation_from_env(env)) == [("n1", 3, 3, None, None)]

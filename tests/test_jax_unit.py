@@ -6,6 +6,7 @@ import pytest
 
 from eray_provider import jax as ejax
 from eray_provider.jax.hook import ENV_USER_HOOK, SETUP_HOOK, runtime_env_hook
+from eray_provider.plan import environment
 
 
 @pytest.mark.parametrize(
@@ -58,7 +59,7 @@ def test_second_initialize_is_a_clear_error(monkeypatch) -> None:
 
 def test_actor_options_validate_rank() -> None:
     opts = ejax.actor_options(1, 3, group="g")
-    assert opts["runtime_env"]["env_vars"][ejax.ENV_RANK] == "1"
+    assert opts["runtime_env"]["env_vars"][environment.RANK] == "1"
     with pytest.raises(ValueError, match="rank must be in"):
         ejax.actor_options(3, 3, group="g")
 

@@ -48,6 +48,10 @@ def floor(module: str) -> int | None:
         return None
     if parts[1] == "cli":
         return TOP
+    if parts[1] == "errors":
+        return -1  # the one family of errors, below every floor
+    if parts[1] == "jax_hook":
+        return FLOORS["jax"]  # the hook's old path, kept for clusters that name it
     return FLOORS.get(parts[1])
 
 
@@ -57,7 +61,12 @@ def modules_paths() -> list[Path]:
 
 def test_every_module_sits_on_a_floor() -> None:
     assert {p.parent.name for p in modules_paths() if p.parent != PKG} == set(FLOORS)
-    assert {p.name for p in modules_paths() if p.parent == PKG} == {"__init__.py", "cli.py"}
+    assert {p.name for p in modules_paths() if p.parent == PKG} == {
+        "__init__.py",
+        "cli.py",
+        "errors.py",
+        "jax_hook.py",
+    }
 
 
 def test_no_import_runs_back_up() -> None:
@@ -94,7 +103,8 @@ def test_every_module_named_as_a_string_is_there() -> None:
     for name in modules.RUN_AS_PROCESS:
         assert importlib.util.find_spec(name) is not None, name
         assert "__main__" in (PKG.parent / (name.replace(".", "/") + ".py")).read_text(), name
-    for path in (modules.RUNTIME_ENV_HOOK, modules.WORKER_SETUP_HOOK):
+    old = ("eray_provider.jax_hook.runtime_env_hook", "eray_provider.jax_hook.setup_worker")
+    for path in (modules.RUNTIME_ENV_HOOK, modules.WORKER_SETUP_HOOK, *old):
         module, _, function = path.rpartition(".")
         assert callable(getattr(importlib.import_module(module), function)), path
     for attribute, module in modules.LAZY.items():
@@ -108,3 +118,48 @@ def test_every_module_named_as_a_string_is_there() -> None:
         for m in named.finditer(p.read_text())
     ]
     assert not elsewhere, elsewhere
+
+
+def test_every_error_of_the_package_is_an_eray_error() -> None:
+    import importlib
+    import inspect
+
+    from eray_provider.errors import ErayError
+
+    classes = []
+    for path in modules_paths():
+        name = module_name(path)
+        if name.endswith(("__main__", "gcs_probe")):
+            continue
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == name:
+                classes.append(obj)
+    private = {c for c in classes if c.__name__.startswith("_") or c.__name__ == "Interrupted"}
+    assert len(classes) - len(private) >= 20
+    assert [c.__qualname__ for c in classes if c not in private and not issubclass(c, ErayError)] == []
+
+
+def test_the_command_line_prints_a_cluster_error_as_one_line(monkeypatch, capsys) -> None:
+    from eray_provider import cli
+    from eray_provider.slurm.client import SlurmCommandError
+
+    def fail(args):
+        raise SlurmCommandError("squeue did not answer within 30 s")
+
+    monkeypatch.setattr(cli, "_cmd_status", fail)
+    assert cli.main(["status"]) == 1
+    assert capsys.readouterr().err == "eray-provider: error: squeue did not answer within 30 s\n"
+
+
+def test_only_the_slurm_floor_reads_slurm_variables() -> None:
+    """``SLURM_*`` named as a variable (a whole string) only under slurm/ and in the hiding
+    of them from Ray (plan/environment.py)."""
+    named = re.compile(r"[\"'](SLURMD?_[A-Z_]+)[\"']")
+    outside = [
+        f"{module_name(p)}: {m.group(1)}"
+        for p in modules_paths()
+        if floor(module_name(p)) != 0 and p.name != "environment.py"
+        for m in named.finditer(p.read_text())
+    ]
+    assert not outside, outside

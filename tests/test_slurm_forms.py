@@ -293,3 +293,19 @@ def test_srun_of_eray_provider_run_starts_one_cluster_from_the_first_task(monkey
             with pytest.raises(AllocationError, match="stop here"):
                 batch.run(["true"])
             assert started == ["load"]
+
+
+def test_what_a_node_and_a_task_read_of_themselves(monkeypatch) -> None:
+    from eray_provider.slurm import env as slurm_env
+
+    step = rank_env(3, "gpu07", 1, SLURM_STEP_ID="5", SLURM_SRUN_COMM_PORT="40123", SLURM_NODEID="2")
+    assert slurm_env.in_step_task(step) and not slurm_env.in_step_task({"SLURM_PROCID": "0"})
+    assert slurm_env.node_name(step) == "gpu07" and slurm_env.task_index(step) == 3
+    assert slurm_env.node_index(step) == 2 and slurm_env.step_instance(step) == "5-40123"
+    assert slurm_env.restart_count({}) == 0 and slurm_env.restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
+    monkeypatch.setattr(slurm_env.socket, "gethostname", lambda: "node9.cluster.example")
+    assert slurm_env.node_name({}) == "node9"
+    with pytest.raises(AllocationError, match=r"SLURM_NODEID='x' is not a non-negative integer"):
+        slurm_env.node_index({"SLURM_NODEID": "x"})
+    with pytest.raises(AllocationError, match=r"SLURM_STEP_ID is not set"):
+        slurm_env.step_instance({})

@@ -135,3 +135,77 @@ def test_join_progress_says_who_is_missing_and_why(monkeypatch: pytest.MonkeyPat
     assert quiet == [
         "0 of 3 nodes alive; waiting for a (step not started), b (step not started), d (step not started)"
     ]
+
+
+def test_the_node_record_transitions(tmp_path: Path) -> None:
+    state = ClusterState("c1", "42", tmp_path)
+    with state.lock(creating=True):
+        state.create(slurm_cluster="s")
+    head, worker = state.add_nodes([("n1", "head", {"k": "v"}), ("n2", "worker", {})])
+    state.mark_launched([head, worker], "eray.c1.head.1")
+    state.set_tags(worker, {"k": "w"})
+    state.set_tags("gone.9", {"k": "x"})  # a node no longer recorded is left alone
+    state.mark_requested(head, {"k": "again"})
+    state.mark_terminated([worker])
+    nodes = state.read()["nodes"]
+    assert nodes[head]["step_name"] == nodes[worker]["step_name"] == "eray.c1.head.1"
+    assert nodes[head]["requested"]["tags"] == {"k": "again"} and not nodes[head].get("terminated")
+    assert nodes[worker]["tags"] == {"k": "w"} and nodes[worker]["terminated"] is True
+    # elastic: two jobs of two nodes replacing job 40, then one pair forgotten, then ended
+    state.add_job_nodes("cpu", {"sbatch": {}}, [("50", 1.0), ("51", 2.0)], 2, {"t": "1"}, replaces="40")
+    state.add_job_nodes("cpu", {"sbatch": {}}, [("40", 0.5)], 2, {})
+    state.add_job_nodes("cpu", {"sbatch": {}}, [("52", 3.0)], 2, {}, replaces="40")
+    nodes = state.read()["nodes"]
+    assert nodes["j50-1"]["replaces"] == "j40-1" and nodes["j40-1"]["successor"] == "j52-1"
+    state.forget_replacements({"j52-1": "j40-1"})
+    nodes = state.read()["nodes"]
+    assert "replaces" not in nodes["j52-1"] and "successor" not in nodes["j40-1"]
+    state.end_jobs({"50": ["j50-0"], "51": ["j51-0"], "77": ["j77-0"]}, requeued=["51"])
+    nodes = state.read()["nodes"]
+    assert (
+        nodes["j50-0"]["terminated"] and nodes["j51-0"]["requeued"] and not nodes["j51-0"].get("terminated")
+    )
+    assert nodes["j77-0"] == {
+        "slurm_job": "77",
+        "role": "worker",
+        "tags": {},
+        "created": nodes["j77-0"]["created"],
+        "terminated": True,
+    }
+    state.note_refused({"gpu": ("60", "PartitionConfig")})
+    assert state.read()["refused"]["gpu"]["reason"] == "PartitionConfig"
+
+
+def test_a_node_knows_who_it_is_and_what_its_ray_gets() -> None:
+    from eray_provider.errors import ConfigError
+    from eray_provider.plan.environment import ClusterEnv, NodeLaunch
+    from eray_provider.runtime.node_run import head_environment, identify, ray_environment
+
+    launch = NodeLaunch("/s", "c1", "42", "worker", "node[1-3]@4").to_env()
+    ident = identify({**launch, "SLURMD_NODENAME": "node2"})
+    assert (ident.node_id, ident.own_job, ident.node_name) == ("node2.5", None, "node2")
+    with pytest.raises(ConfigError, match=r"node node9 is not in ERAY_NODE_IDS='node\[1-3\]@4'"):
+        identify({**launch, "SLURMD_NODENAME": "node9"})
+    elastic = NodeLaunch("/s", "c1", "42", "worker", elastic=True).to_env()
+    assert (
+        identify({**elastic, "SLURM_JOB_ID": "77", "SLURM_NODEID": "1", "SLURMD_NODENAME": "n"}).node_id
+        == "j77-1"
+    )
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
+        identify(elastic)
+
+    step = {"PATH": "/bin", "TMPDIR": "/home/u/tmp", "RAY_ADDRESS": "10.0.0.9:1", "SLURM_JOB_ID": "42"}
+    env = ray_environment(
+        step, ClusterEnv("/t", "/h", job_id="42", jax_ports=(20240, 16)), "/tmp/x", "node2.5", 12
+    )
+    assert "RAY_ADDRESS" not in env and env["TMPDIR"] == "/tmp/x" and env["ERAY_USER_TMPDIR"] == "/home/u/tmp"
+    assert env["RAY_CLOUD_INSTANCE_ID"] == "node2.5" and env["AUTOSCALER_MAX_LAUNCH_BATCH"] == "12"
+    assert (
+        env["RAY_AUTH_TOKEN_PATH"] == "/t" and env["ERAY_JAX_PORTS"] == "20240:16" and env["PATH"] == "/bin"
+    )
+    nested = ray_environment({**step, "ERAY_USER_TMPDIR": ""}, ClusterEnv("/t", "/h"), "/tmp/y", "n.1", 10)
+    assert nested["ERAY_USER_TMPDIR"] == ""  # launched from inside a node: the user had none
+    assert head_environment({}).keys() == {"RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"}
+    assert (
+        head_environment({"elastic": True, "autoscaler_interval_s": 1})["AUTOSCALER_UPDATE_INTERVAL_S"] == "1"
+    )

@@ -22,6 +22,7 @@ from typing import Any
 
 from ray.autoscaler.command_runner import CommandRunnerInterface
 
+from ..errors import ConfigError
 from ..plan.cluster_config import LAUNCH_HEAD
 from ..runtime.cluster_state import ClusterState
 from ..runtime.launch import node_client_env
@@ -82,7 +83,7 @@ def split_ray_stop(cmd: str) -> tuple[str, bool]:
             return (before if any(h != "export" for h in heads) else ""), True
         for prev, word, nxt in zip([";", *words], words, [*words[1:], ""]):
             if prev in _OPERATORS and word == "ray" and nxt == "stop":
-                raise ValueError(
+                raise ConfigError(
                     f"refusing to run {cmd!r}: a `ray stop` inside a compound command would stop "
                     "every Ray of yours on the node, other clusters included; run `ray stop` "
                     "alone (this cluster's steps are cancelled) or `ray down`"
@@ -181,7 +182,7 @@ class SrunCommandRunner(CommandRunnerInterface):
         except ValueError as e:
             cli_logger.abort(str(e))
         if stop:
-            out = ""
+            out: bytes | str = ""
             if cmd:
                 out = self.run(cmd, timeout, exit_on_fail, None, with_output, environment_variables)
             self._stop_cluster()

@@ -33,13 +33,14 @@ import stat
 import tempfile
 from typing import Any
 
+from ..errors import ClusterError
 from ..runtime.ray_compat import CONFIG_CACHE_DIGEST
 
 #: ``commands.CONFIG_CACHE_VERSION`` of Ray 2.52 to 2.60: a cache of another version is not loaded.
 CACHE_VERSION = 1
 
 
-class UnsafeConfigCacheError(RuntimeError):
+class UnsafeConfigCacheError(ClusterError):
     """A config cache that may have been written by someone else."""
 
 

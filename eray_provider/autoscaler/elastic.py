@@ -37,6 +37,7 @@ from ray.autoscaler.tags import (
 
 from ..plan.cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
 from ..plan.elastic_config import fill_elastic_config, head_mode, node_request
+from ..plan.environment import launched_head_of
 from ..plan.names import (
     check_cluster_name,
     head_job_name,
@@ -125,7 +126,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         # replacements come from the head's autoscaler alone (its Ray's environment, from
         # node_run), never from a CLI's provider (`ray down` must not submit jobs)
         env = os.environ
-        self._on_head = env.get("ERAY_ROLE") == "head" and env.get("ERAY_CLUSTER") == cluster_name
+        self._on_head = launched_head_of(env, cluster_name)
         self._replace_retry: dict[str, float] = {}
         #: of the last view: the replacement node ids and the nodes standing by
         #: (``_hand_over`` looks at these), and the worker nodes alive, shown or hidden
@@ -235,16 +236,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         for job, node_type in hopeless:
             logger.error("SLURM job %s (%s) cannot start (%s): cancelled", job.job_id, node_type, job.reason)
 
-        def note(doc):
-            for job, node_type in hopeless:
-                doc.setdefault("refused", {})[node_type] = {
-                    "job": job.job_id,
-                    "reason": job.reason,
-                    "at": time.time(),
-                }
-
         if self.state.exists():
-            self.state.update(note)
+            self.state.note_refused({node_type: (job.job_id, job.reason) for job, node_type in hopeless})
 
     def _check_refused(self, node_type: str) -> None:
         refused = self.state.read().get("refused", {}).get(node_type)
@@ -517,24 +510,12 @@ class SlurmJobProvider(SlurmNodeProvider):
         is kept in the state, for the replacements the provider submits on its own
         (``_replace_ending``)."""
         tags = {**tags, TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE}
-        extra = {"ERAY_ELASTIC": "1", "RAY_NODE_TYPE_NAME": node_type}
-        if replaces:
-            extra["ERAY_REPLACES"] = replaces  # node_run stands by until it is shown
-        env = node_env(self.state, "worker", {}, extra)
+        # with ``replaces``, node_run stands by until the node it replaces is shown
+        env = node_env(
+            self.state, "worker", {}, {"RAY_NODE_TYPE_NAME": node_type}, elastic=True, replaces=replaces
+        )
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
         submitted: list[tuple[str, float]] = []
-
-        def add(doc):
-            doc.setdefault("node_configs", {})[node_type] = node_config
-            for job, at in submitted:
-                for index in range(request.nodes):
-                    rec = {"slurm_job": job, "role": "worker", "tags": dict(tags), "created": at}
-                    if replaces:
-                        rec["replaces"] = elastic_node_id(replaces, index)
-                        old = doc["nodes"].get(elastic_node_id(replaces, index))
-                        if old is not None:
-                            old["successor"] = elastic_node_id(job, index)
-                    doc["nodes"][elastic_node_id(job, index)] = rec
 
         try:
             for _ in range(n_jobs):
@@ -558,7 +539,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             # one state write for the whole launch (a write per job is O(N) each), also
             # when a later sbatch failed: the jobs already submitted are recorded
             if submitted:
-                self.state.update(add)
+                self.state.add_job_nodes(node_type, node_config, submitted, request.nodes, tags, replaces)
                 self._drop_views()
 
     # ------------------------------------------------------------------ replace
@@ -607,13 +588,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if not failed:
             return
 
-        def forget(doc):
-            for new, old in failed.items():
-                doc["nodes"].get(new, {}).pop("replaces", None)
-                if doc["nodes"].get(old, {}).get("successor") == new:
-                    doc["nodes"][old].pop("successor")
-
-        self.state.update(forget)
+        self.state.forget_replacements(failed)
         self._drop_views()
         for new, old in failed.items():
             old_job = (_parse_node_id(old) or ("", 0))[0]
@@ -670,22 +645,22 @@ class SlurmJobProvider(SlurmNodeProvider):
             if end is not None and limit is not None:
                 ending.append(EndingJob(job.job_id, parsed[1], end, limit))
         stagger = float(self.provider_config.get("end_stagger_s", 0))
-        for job in due_replacements(ending, time.time(), lead, stagger):
-            rec = records[elastic_node_id(job.job_id, 0)]
+        for due in due_replacements(ending, time.time(), lead, stagger):
+            rec = records[elastic_node_id(due.job_id, 0)]
             try:
                 self.state.check_launchable()
-                self._check_refused(job.node_type)
-                config = configs[job.node_type]
-                request = node_request(self.provider_config, config, job.node_type)
-                self._submit_jobs(job.node_type, config, request, rec["tags"], 1, replaces=job.job_id)
+                self._check_refused(due.node_type)
+                config = configs[due.node_type]
+                request = node_request(self.provider_config, config, due.node_type)
+                self._submit_jobs(due.node_type, config, request, rec["tags"], 1, replaces=due.job_id)
             except ClusterStoppingError:
                 return
             except (SlurmCommandError, ClusterConfigError) as e:
-                self._replace_retry[job.job_id] = time.time() + REPLACE_RETRY_SECONDS
+                self._replace_retry[due.job_id] = time.time() + REPLACE_RETRY_SECONDS
                 logger.warning(
                     "could not submit the replacement of job %s (ends in %.0f s; tried again in %.0f s): %s",
-                    job.job_id,
-                    job.end - time.time(),
+                    due.job_id,
+                    due.end - time.time(),
                     REPLACE_RETRY_SECONDS,
                     e,
                 )
@@ -712,7 +687,12 @@ class SlurmJobProvider(SlurmNodeProvider):
                 # a replacement not handed over yet goes with the node it was to replace
                 successor = records.get(node_id, {}).get("successor")
                 parsed = _parse_node_id(successor) if successor else None
-                if parsed and successor not in shown and not records.get(successor, {}).get("terminated"):
+                if (
+                    successor
+                    and parsed
+                    and successor not in shown
+                    and not records.get(successor, {}).get("terminated")
+                ):
                     by_job.setdefault(parsed[0], []).append(successor)
         whole = []
         for job, ids in by_job.items():
@@ -731,15 +711,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         requeued = self._requeued(whole, by_job)
         cancel_jobs([job for job in whole if job not in requeued])
 
-        def mark(doc):
-            for job, ids in by_job.items():
-                for node_id in ids:
-                    rec = doc["nodes"].setdefault(node_id, {"slurm_job": job, "role": "worker", "tags": {}})
-                    rec["created"] = rec.get("created", time.time())
-                    rec["requeued" if job in requeued else "terminated"] = True
-
         if self.state.exists():
-            self.state.update(mark)
+            self.state.end_jobs(by_job, requeued)
         self._jobs_cache = (0.0, self._jobs_cache[1])
         self._drop_views()
 

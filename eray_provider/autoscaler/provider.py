@@ -325,11 +325,7 @@ class SlurmNodeProvider(NodeProvider):
         return self.internal_ip(node_id)
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
-        def apply(doc):
-            if node_id in doc["nodes"]:
-                doc["nodes"][node_id]["tags"].update(tags)
-
-        self.state.update(apply)
+        self.state.set_tags(node_id, tags)
         self._answers = {}
 
     # ------------------------------------------------------------------ create / terminate
@@ -362,10 +358,7 @@ class SlurmNodeProvider(NodeProvider):
                 # a racing `ray up` created it: let this caller find it under its own tags
                 logger.info("head %s already exists", live[0])
 
-                def adopt(doc):
-                    doc["nodes"][live[0]]["requested"] = {"tags": dict(tags), "at": time.time()}
-
-                state.update(adopt)
+                state.mark_requested(live[0], tags)
                 return live[0]
             ensure_port_plan(state, self._allocation(), self.python)
             state.save_cluster_config({"provider": self.provider_config})
@@ -489,11 +482,7 @@ class SlurmNodeProvider(NodeProvider):
                     self._signal_node(node_id)
         cancel_steps(whole, self.job_id, wait=60)
 
-        def mark(doc):
-            for node_id in targets:
-                doc["nodes"][node_id]["terminated"] = True
-
-        self.state.update(mark)
+        self.state.mark_terminated(targets)
         self._drop_views()
         if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
             self.stop_all()

@@ -35,10 +35,10 @@ class ReadOnlyTags(dict):
     def _refuse(self, *_args, **_kwargs):
         raise TypeError("node_tags() returns read-only tags: copy them, or change them with set_node_tags()")
 
-    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
-    update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = pop = popitem = clear = setdefault = _refuse
 
-    def copy(self) -> dict[str, str]:  # type: ignore[override]
+    def copy(self) -> dict[str, str]:
         return dict(self)
 
 

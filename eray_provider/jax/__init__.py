@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ClusterError, ConfigError
+from ..plan import environment
 from .compat import close_client, distributed_initialized, enable_cpu_collectives, initialize_options
 
 logger = logging.getLogger(__name__)
@@ -44,17 +46,13 @@ DRAIN_POLL_SECONDS = 2.0
 #: How long shutdown waits for killed ranks to be gone before ending rank 0, and for the
 #: ranks of a healthy group to close their JAX clients together before that.
 KILL_WAIT = 10.0
-ENV_RANK = "ERAY_JAX_RANK"
-ENV_WORLD = "ERAY_JAX_WORLD"
-ENV_GROUP = "ERAY_JAX_GROUP"
-ENV_TIMEOUT = "ERAY_JAX_TIMEOUT"
 _KV_PORT = "eray-jax-port/{job}/{port}"
 _KV_RENDEZVOUS = "eray-jax-coordinator/{group}"
 
 _state: dict[str, Any] | None = None
 
 
-class JaxInitError(RuntimeError):
+class JaxInitError(ClusterError):
     """``jax.distributed`` cannot be (or already was) initialized in this process."""
 
 
@@ -98,7 +96,7 @@ def drain_notice() -> DrainNotice | None:
     return min(found, key=lambda d: float("inf") if d.deadline is None else d.deadline)
 
 
-class GroupError(RuntimeError):
+class GroupError(ClusterError):
     """A rank of a process group died, was never placed, or never arrived."""
 
     def __init__(self, message: str, rank: int | None = None, node: str | None = None) -> None:
@@ -109,20 +107,22 @@ class GroupError(RuntimeError):
 
 def jax_ports() -> range:
     """The job's JAX coordinator ports (from the port plan, via ``ERAY_JAX_PORTS``)."""
-    value = os.environ.get("ERAY_JAX_PORTS", "")
-    first, _, count = value.partition(":")
-    if not first.isdigit() or not count.isdigit():
+    try:
+        ports = environment.read_jax_ports(os.environ)
+    except ConfigError as e:
+        raise JaxInitError(f"{e}; pass coordinator_address explicitly") from e
+    if ports is None:
         raise JaxInitError(
-            f"ERAY_JAX_PORTS={value!r}: not on an eray-provider cluster node; "
+            f"{environment.JAX_PORTS} is not set: not on an eray-provider cluster node; "
             "pass coordinator_address explicitly"
         )
-    return range(int(first), int(first) + int(count))
+    return ports
 
 
 def head_ip() -> str:
-    ip = os.environ.get("ERAY_HEAD_IP")
+    ip = environment.read_head_ip(os.environ)
     if not ip:
-        raise JaxInitError("ERAY_HEAD_IP is not set: pass coordinator_address explicitly")
+        raise JaxInitError(f"{environment.HEAD_IP} is not set: pass coordinator_address explicitly")
     return ip
 
 
@@ -133,11 +133,11 @@ def default_coordinator() -> str:
 def _check_address(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"coordinator_address must be HOST:PORT, got {address!r}")
+        raise ConfigError(f"coordinator_address must be HOST:PORT, got {address!r}")
     try:
         socket.getaddrinfo(host, int(port))
     except OSError as e:
-        raise ValueError(f"coordinator_address {address!r}: cannot resolve {host!r}: {e}") from e
+        raise ConfigError(f"coordinator_address {address!r}: cannot resolve {host!r}: {e}") from e
 
 
 def ray_gpu_ids() -> list[int] | None:
@@ -167,17 +167,17 @@ def initialize(
     global _state
     for name, value in (("process_id", process_id), ("num_processes", num_processes)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an int, got {value!r}")
+            raise ConfigError(f"{name} must be an int, got {value!r}")
     if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+        raise ConfigError(f"num_processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
-        raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+        raise ConfigError(f"process_id must be in [0, {num_processes}), got {process_id}")
     if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
     if local_device_ids is not None:
         local_device_ids = list(local_device_ids)
         if not all(isinstance(i, int) and i >= 0 for i in local_device_ids):
-            raise ValueError(f"local_device_ids must be non-negative ints, got {local_device_ids!r}")
+            raise ConfigError(f"local_device_ids must be non-negative ints, got {local_device_ids!r}")
     if _state is not None:
         raise JaxInitError(
             f"jax.distributed is already initialized in this process (rank {_state['rank']} of "
@@ -224,7 +224,7 @@ HOOK_GRACE = 120.0
 
 def _port_key(port: int) -> str:
     """The GCS key that holds one JAX port of the job, shared by both kinds of groups."""
-    return _KV_PORT.format(job=os.environ.get("ERAY_JOB_ID", "local"), port=port)
+    return _KV_PORT.format(job=environment.read_job_id(os.environ) or "local", port=port)
 
 
 def _reserve(
@@ -322,24 +322,29 @@ def actor_options(
     Two groups alive at the same time in one driver need different ``group`` names.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
     if group is None:
         import ray
 
         group = f"job-{ray.get_runtime_context().get_job_id()}"
-    env = {ENV_RANK: str(rank), ENV_WORLD: str(world_size), ENV_GROUP: group, ENV_TIMEOUT: str(timeout)}
+    env = {
+        environment.RANK: str(rank),
+        environment.WORLD: str(world_size),
+        environment.GROUP: group,
+        environment.TIMEOUT: str(timeout),
+    }
     return {"runtime_env": {"env_vars": env}}
 
 
 def initialize_from_env() -> bool:
     """Called by the runtime hook in every worker: initialize when the actor asked for it."""
-    if ENV_RANK not in os.environ or is_initialized():
+    if environment.RANK not in os.environ or is_initialized():
         return False
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
-    rank, world = int(os.environ[ENV_RANK]), int(os.environ[ENV_WORLD])
-    group = os.environ.get(ENV_GROUP, "default")
-    timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    rank, world = int(os.environ[environment.RANK]), int(os.environ[environment.WORLD])
+    group = os.environ.get(environment.GROUP, "default")
+    timeout = float(os.environ.get(environment.TIMEOUT, DEFAULT_TIMEOUT))
     key = _KV_RENDEZVOUS.format(group=group)
     if rank == 0:
         import ray
@@ -444,9 +449,9 @@ class ProcessGroup:
         if num_processes is None:
             num_processes = len(nodes)
         if num_processes < 1:
-            raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+            raise ConfigError(f"num_processes must be >= 1, got {num_processes}")
         if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
         self.num_processes = num_processes
         self.gpus = gpus_per_process
         self.cpus = cpus_per_process
@@ -454,7 +459,7 @@ class ProcessGroup:
         self.env_vars = dict(env_vars or {})
         self.id = uuid.uuid4().hex[:12]
         self.port: int | None = None
-        self.pg = None
+        self.pg: Any = None  # Ray's PlacementGroup once started
         self.actors: list = []  # in rank order once started
         self.nodes: list[str] = []  # SLURM node (host name) of each rank
         self.node_ids: list[str] = []  # Ray node id of each rank

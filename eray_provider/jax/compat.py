@@ -56,7 +56,7 @@ def close_client(jax: Any) -> None:
         state.client = None
 
 
-def initialize_options(jax: Any, coordinator: str) -> dict[str, str]:
+def initialize_options(jax: Any, coordinator: str) -> dict[str, Any]:
     """The keyword arguments of ``jax.distributed.initialize`` that this JAX has and that
     eray-provider always sets: no cluster auto-detection, and the coordinator bound to its
     own address."""

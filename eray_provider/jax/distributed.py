@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..plan.ports import job_coordinator_port
 from ..slurm.allocation import AllocationError
-from ..slurm.env import in_srun_step
+from ..slurm.env import in_step_task
 from ..slurm.step import StepLayout, step_layout, task_bound
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class DistributedConfig:
         cluster's port plan (an ``auto_ray_cluster`` started next in the step does not
         collide with it). Two JAX steps of one job running at once need
         ``coordinator_address`` given to one of them."""
-        in_step = in_srun_step(env) and "SLURM_PROCID" in env
+        in_step = in_step_task(env)
         if not in_step and not self._given():
             return None
         layout = step_layout(env) if in_step else None
@@ -97,8 +97,10 @@ class DistributedConfig:
             if layout is None:
                 raise AllocationError("coordinator_address is needed outside an srun step")
             coordinator = f"{layout.nodes[0]}:{job_coordinator_port(layout.job_id)}"
-        num = self.num_processes if self.num_processes is not None else (layout and layout.num_processes)
-        pid = self.process_id if self.process_id is not None else (layout and layout.process_id)
+        num, pid = self.num_processes, self.process_id
+        if layout is not None:
+            num = layout.num_processes if num is None else num
+            pid = layout.process_id if pid is None else pid
         if num is None or pid is None:
             raise AllocationError("num_processes and process_id are needed outside an srun step")
         devices = self.local_device_ids

@@ -20,27 +20,26 @@ it starts Ray on a node.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 from typing import Any
 
+from ..errors import ConfigError
+from ..plan.environment import USER_SETUP_HOOK, read_jax_env
 from ..plan.modules import WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)
 SETUP_HOOK = WORKER_SETUP_HOOK
-ENV_DEFAULTS = "ERAY_JAX_ENV"
-ENV_USER_HOOK = "ERAY_USER_SETUP_HOOK"
+ENV_USER_HOOK = USER_SETUP_HOOK
 
 
 def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     merged = dict(runtime_env or {})
     try:
-        defaults = json.loads(os.environ.get(ENV_DEFAULTS) or "{}")
-    except ValueError:
-        logger.warning("ignoring %s: not JSON", ENV_DEFAULTS)
-        defaults = {}
-    env_vars = {str(k): str(v) for k, v in defaults.items()}
+        env_vars = read_jax_env(os.environ)
+    except ConfigError as e:
+        logger.warning("ignoring the cluster's JAX defaults: %s", e)
+        env_vars = {}
     env_vars.update(merged.get("env_vars") or {})
     user_hook = merged.get("worker_process_setup_hook")
     if user_hook and user_hook != SETUP_HOOK:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..slurm.allocation import Allocation
 from ..slurm.hostlist import HostlistError, expand
 from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS
@@ -37,7 +38,7 @@ DEFAULT_CAP_MB = 20
 MAX_CAP_MB = 10240
 
 
-class ClusterConfigError(ValueError):
+class ClusterConfigError(ConfigError):
     """The cluster YAML asks for something the allocation cannot give."""
 
 

@@ -42,7 +42,7 @@ DEFAULT_AUTOSCALER_INTERVAL_S = 1
 def head_mode(provider: dict[str, Any], in_allocation: bool) -> str:
     """``job`` (the head gets a job of its own) or ``allocation`` (the user's job)."""
     mode = provider.get("head", "auto")
-    if mode not in HEAD_MODES:
+    if not isinstance(mode, str) or mode not in HEAD_MODES:
         raise ClusterConfigError(f"provider.head must be one of {list(HEAD_MODES)}, got {mode!r}")
     if mode == "auto":
         return "allocation" if provider.get("job_id") or in_allocation else "job"
@@ -72,7 +72,9 @@ def _interval(value: Any) -> int:
     return value
 
 
-def node_request(config_or_provider: dict[str, Any], node_config: dict[str, Any], node_type: str):
+def node_request(
+    config_or_provider: dict[str, Any], node_config: dict[str, Any], node_type: str
+) -> SbatchRequest:
     """The sbatch request of a node type (its ``node_config.sbatch`` over ``provider.sbatch``)."""
     provider = config_or_provider.get("provider", config_or_provider)
     where = f"available_node_types.{node_type}.node_config.sbatch"
@@ -104,7 +106,7 @@ def fill_elastic_config(
         raise ClusterConfigError(clash)
     types_in = out.get("available_node_types")
     head_type = out.get("head_node_type")
-    if not isinstance(types_in, dict) or head_type not in (types_in or {}):
+    if not isinstance(types_in, dict) or not isinstance(head_type, str) or head_type not in types_in:
         raise ClusterConfigError(
             f"head_node_type {head_type!r} must name one of available_node_types "
             f"({sorted(types_in) if isinstance(types_in, dict) else types_in!r})"

@@ -23,6 +23,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..errors import ConfigError
+
 PREFIX = "eray"
 #: Where every cluster's state dir lives unless a config's ``provider.state_dir`` says.
 STATE_DIR_ENV = "ERAY_STATE_DIR"
@@ -31,7 +33,7 @@ _CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_@-]*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_@-]")
 
 
-class ClusterNameError(ValueError):
+class ClusterNameError(ConfigError):
     """A cluster name that would make step or job names ambiguous."""
 
 

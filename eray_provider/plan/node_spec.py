@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
 from ..slurm.allocation import Allocation, NodeShare
 from .ports import PortPlan
 
@@ -37,7 +38,7 @@ def memory_split(share: NodeShare, object_store_fraction: float) -> tuple[int | 
     total = share.memory_mb * 1024 * 1024
     store = max(int(total * object_store_fraction), MIN_OBJECT_STORE)
     if store >= total:
-        raise ValueError(
+        raise ConfigError(
             f"node {share.name}: {share.memory_mb} MiB is too little for Ray "
             f"(the object store alone needs {MIN_OBJECT_STORE // 2**20} MiB)"
         )
@@ -81,13 +82,13 @@ def ray_labels(
     return labels
 
 
-def share_key(share: NodeShare) -> tuple:
+def share_key(share: NodeShare) -> tuple[int, int, str | None, int | None]:
     return (share.cpus, share.gpus, share.gpu_type, share.memory_mb)
 
 
 def worker_types(alloc: Allocation) -> dict[str, list[NodeShare]]:
     """Worker node types: one per distinct share, named by what it holds, in node order."""
-    groups: dict[tuple, list[NodeShare]] = {}
+    groups: dict[tuple[int, int, str | None, int | None], list[NodeShare]] = {}
     for share in alloc.workers:
         groups.setdefault(share_key(share), []).append(share)
     types: dict[str, list[NodeShare]] = {}

@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 #: Ports per job block: 16 named ports, 16 JAX coordinator ports, 224 worker ports.
+from ..errors import ClusterError, ConfigError
+
 BLOCK = 256
 NAMED = (
     "gcs",
@@ -87,7 +89,7 @@ class Excluded(NamedTuple):
 Exclusion = Excluded | tuple[int, int]
 
 
-class PortPlanError(RuntimeError):
+class PortPlanError(ClusterError):
     """No block of the port space is free for this job."""
 
 
@@ -129,8 +131,9 @@ class PortPlan:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> PortPlan:
-        return cls(**{k: (str(v) if k == "job_id" else int(v)) for k, v in d.items()})
+    def from_dict(cls, d: Mapping[str, Any]) -> PortPlan:
+        job_id = str(d["job_id"])
+        return cls(job_id, **{k: int(v) for k, v in d.items() if k != "job_id"})
 
     def ray_start_args(self) -> list[str]:
         """Flags of ``ray start`` that pin every port (the two metrics ports go via env)."""
@@ -177,7 +180,7 @@ def _split(exclusions: Iterable[Exclusion]) -> tuple[list[tuple[int, int]], list
         ex = item if isinstance(item, Excluded) else Excluded(*item)
         if not (isinstance(ex.lo, int) and isinstance(ex.hi, int) and 0 <= ex.lo <= ex.hi <= PORT_MAX):
             where = f" ({ex.source})" if ex.source else ""
-            raise ValueError(
+            raise ConfigError(
                 f"excluded port range {ex.lo!r}-{ex.hi!r}{where} is not lo-hi within 0-{PORT_MAX}"
             )
         (soft if ex.soft else hard).append((ex.lo, ex.hi))
@@ -252,7 +255,7 @@ def candidates(job_id: str, exclusions: Sequence[Exclusion]) -> list[PortPlan]:
     """Every possible plan for the job, in the deterministic order they are tried: the
     blocks outside every exclusion first, then those inside only soft ones."""
     if not str(job_id).isdigit():
-        raise ValueError(f"job_id must be a decimal SLURM job id, got {job_id!r}")
+        raise ConfigError(f"job_id must be a decimal SLURM job id, got {job_id!r}")
     outside = _job_order(job_id, block_starts(exclusions))
     inside = _job_order(job_id, fallback_starts(exclusions), salt=1)
     if not outside and not inside:
@@ -309,5 +312,5 @@ def job_coordinator_port(job_id: str) -> int:
     makes a clash unlikely, and it is an error, not a hang, when it happens.
     """
     if not str(job_id).isdigit():
-        raise ValueError(f"job_id must be a decimal SLURM job id, got {job_id!r}")
+        raise ConfigError(f"job_id must be a decimal SLURM job id, got {job_id!r}")
     return COORDINATOR_FIRST + int(job_id) % COORDINATOR_COUNT

@@ -11,11 +11,11 @@ head's own job ``eray.<cluster>.head``): the cluster's jobs can be found again w
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..slurm.allocation import NodeShare, parse_gpu_spec
+from ..errors import ConfigError
+from ..slurm.allocation import NodeShare, memory_mib, parse_gpu_spec
 from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, share_resources
 
 #: Job states in which the job holds (or will hold) its nodes; any other state, or a job
@@ -69,8 +69,6 @@ _KEYS = {
     "reservation",
     "extra",
 }
-_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
-_MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
 #: sbatch options the provider sets itself or that would hide the job from it.
@@ -88,16 +86,16 @@ def _reserved(option: str) -> bool:
     return option[:2] in _RESERVED_SHORT
 
 
-class SbatchRequestError(ValueError):
+class SbatchRequestError(ConfigError):
     """A node type's sbatch request is malformed."""
 
 
 def parse_mem(value: Any, where: str) -> int:
     """``1500``, ``"1500M"``, ``"4G"`` -> MiB (SLURM's units: a bare number is MiB)."""
-    m = _MEM.match(str(value).strip())
-    if not m or int(m.group(1)) == 0:
+    mib = None if isinstance(value, bool) else memory_mib(str(value))
+    if not mib:
         raise SbatchRequestError(f"{where}.mem: expected MiB or a size like 4G, got {value!r}")
-    return max(1, int(int(m.group(1)) * _MEM_FACTOR[m.group(2).upper()]))
+    return max(1, int(mib))
 
 
 def _positive_int(value: Any, where: str) -> int:

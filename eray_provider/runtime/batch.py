@@ -20,11 +20,12 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ..errors import ConfigError
 from ..plan.cluster_config import fill_config
 from ..plan.node_spec import worker_types
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import SlurmCommandError, known_cluster_name, load_allocation
-from ..slurm.env import in_srun_step
+from ..slurm.env import in_srun_step, node_name, task_index
 from .cluster_state import ClusterState, ClusterStoppingError
 from .launch import (
     LaunchError,
@@ -108,12 +109,12 @@ def run(
     provider_options: dict | None = None,
 ) -> int:
     if not command:
-        raise ValueError("eray-provider run needs a command after --")
+        raise ConfigError("eray-provider run needs a command after --")
     # under srun (several tasks on the first node too) only the step's first task builds
     # the cluster; the batch step is one task with SLURM_PROCID 0
-    procid = os.environ.get("SLURM_PROCID", "0")
-    if in_srun_step(os.environ) and procid != "0":
-        _log(f"task {procid} on {os.environ.get('SLURMD_NODENAME')}: the step's first task runs the cluster")
+    procid = task_index(os.environ)
+    if in_srun_step(os.environ) and procid != 0:
+        _log(f"task {procid} on {node_name(os.environ)}: the step's first task runs the cluster")
         return 0
     alloc = load_allocation()
     if alloc.state not in (None, "RUNNING"):

@@ -14,11 +14,13 @@ import os
 import subprocess
 from collections.abc import Iterable, Mapping
 
+from ..errors import ClusterError
+from ..plan.environment import BIND_ADDRESS, BIND_PORTS
 from ..plan.modules import BIND_SHIM
 from ..plan.ports import BLOCK, PortPlan
 
 
-class BindShimError(RuntimeError):
+class BindShimError(ClusterError):
     """The shim cannot be preloaded: Ray would listen on all interfaces."""
 
 
@@ -57,8 +59,8 @@ def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, st
     preload = " ".join(p for p in (shim, env.get("LD_PRELOAD", "")) if p)
     return {
         "LD_PRELOAD": preload,
-        "ERAY_BIND_ADDRESS": ip,
-        "ERAY_BIND_PORTS": port_ranges(plans),
+        BIND_ADDRESS: ip,
+        BIND_PORTS: port_ranges(plans),
         # the raylet passes the preload on to its workers (their gRPC servers bind too)
         "RAY_LD_PRELOAD_ON_WORKERS": "1",
     }

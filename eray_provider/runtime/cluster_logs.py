@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..plan.modules import NODE_LOGS, python_m
 from ..plan.names import check_cluster_name, step_name
 from ..slurm.client import slurm_timeout
@@ -57,10 +58,12 @@ def find_cluster(base: Path, cluster: str, job: str | None, dirs: list[tuple[str
     mine = [(j, path) for name, j, path in dirs if name == cluster]
     jobs = sorted((j for j, _ in mine), key=int)
     if not jobs:
-        raise ValueError(f"no cluster {cluster!r} under {base} (`eray-provider status` lists them)")
+        raise ConfigError(f"no cluster {cluster!r} under {base} (`eray-provider status` lists them)")
     if job is not None:
         if job not in jobs:
-            raise ValueError(f"--job {job!r}: cluster {cluster!r} has state of job(s) {', '.join(jobs)} only")
+            raise ConfigError(
+                f"--job {job!r}: cluster {cluster!r} has state of job(s) {', '.join(jobs)} only"
+            )
         return job
     chosen = max(mine, key=lambda m: _recency(m[1]))[0]
     if len(jobs) > 1:
@@ -118,7 +121,7 @@ def pick(nodes: list[NodeLogs], node: str | None) -> list[NodeLogs]:
     chosen = [n for n in nodes if node in (n.node_id, n.slurm_node)]
     if not chosen:
         have = ", ".join(f"{n.node_id} ({n.slurm_node})" for n in nodes) or "none"
-        raise ValueError(f"--node {node!r} has no logs here; nodes with logs: {have}")
+        raise ConfigError(f"--node {node!r} has no logs here; nodes with logs: {have}")
     return chosen
 
 
@@ -201,7 +204,7 @@ def _show_logs(
     if follow:
         live = [n for n in chosen if n.live]
         if len(live) != 1 or len(chosen) != 1:
-            raise ValueError(
+            raise ConfigError(
                 "--follow follows one live node: name it with --node (live: "
                 f"{', '.join(n.node_id for n in live) or 'none'})"
             )

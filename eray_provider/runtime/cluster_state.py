@@ -28,22 +28,24 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
+from ..errors import ClusterError
 from ..plan.names import check_cluster_name, default_base
 from ..plan.ports import PortPlan
+from ..plan.sbatch import elastic_node_id
 from .node_logs import LOGS_DIR
 
 #: Another process's write is seen by readers at most this late.
 READ_FRESH_SECONDS = 0.5
 
 
-class ClusterStoppingError(RuntimeError):
+class ClusterStoppingError(ClusterError):
     """A launch was asked of a cluster whose teardown has begun."""
 
 
@@ -78,9 +80,9 @@ def ensure_private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.lstat(path)
     if not Path(path).is_dir() or Path(path).is_symlink():
-        raise RuntimeError(f"{path} is not a plain directory")
+        raise ClusterError(f"{path} is not a plain directory")
     if st.st_uid != os.getuid():
-        raise RuntimeError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+        raise ClusterError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
@@ -190,7 +192,7 @@ class ClusterState:
         if self._cache is None or self._cache[0] != mtime:
             doc = json.loads(self.state_path.read_text())
             if str(doc.get("job_id")) != self.job_id:
-                raise RuntimeError(f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}")
+                raise ClusterError(f"{self.state_path} belongs to job {doc.get('job_id')}, not {self.job_id}")
             self._cache = (mtime, doc)
         return self._cache[1]
 
@@ -227,6 +229,113 @@ class ClusterState:
 
         self.update(add)
         return ids
+
+    # ------------------------------------------------- node record transitions
+    # Every change of a node record, named, as one locked read-modify-write. Fixed nodes
+    # have ``slurm_node`` and ``gen``; an elastic node has ``slurm_job`` instead. Keys:
+    # role, tags, created; step_name and launched once its step started; requested (a
+    # ``ray up`` that found it); terminated; requeued; replaces / successor (elastic).
+
+    def mark_launched(self, node_ids: Sequence[str], step_name: str) -> None:
+        """The nodes' step started (``step_name``, now)."""
+        now = time.time()
+
+        def mark(doc: dict[str, Any]) -> None:
+            for node_id in node_ids:
+                doc["nodes"][node_id].update(step_name=step_name, launched=now)
+
+        self.update(mark)
+
+    def set_tags(self, node_id: str, tags: Mapping[str, str]) -> None:
+        """Ray's tags of a node, updated (a node no longer recorded is left alone)."""
+
+        def apply(doc: dict[str, Any]) -> None:
+            if node_id in doc["nodes"]:
+                doc["nodes"][node_id]["tags"].update(tags)
+
+        self.update(apply)
+
+    def mark_requested(self, node_id: str, tags: Mapping[str, str]) -> None:
+        """A caller asked for this node again (a racing ``ray up`` adopts the head)."""
+
+        def note(doc: dict[str, Any]) -> None:
+            doc["nodes"][node_id]["requested"] = {"tags": dict(tags), "at": time.time()}
+
+        self.update(note)
+
+    def mark_terminated(self, node_ids: Iterable[str]) -> None:
+        """Ray's autoscaler let these nodes go: their steps are cancelled."""
+        ended = list(node_ids)
+
+        def mark(doc: dict[str, Any]) -> None:
+            for node_id in ended:
+                doc["nodes"][node_id]["terminated"] = True
+
+        self.update(mark)
+
+    def add_job_nodes(
+        self,
+        node_type: str,
+        node_config: dict[str, Any],
+        jobs: Sequence[tuple[str, float]],
+        nodes_per_job: int,
+        tags: Mapping[str, str],
+        replaces: str | None = None,
+    ) -> None:
+        """Elastic worker jobs submitted (``(job, when)``), ``nodes_per_job`` nodes each,
+        in one write (a write per job is O(N) each); with ``replaces``, node ``i`` of each
+        is the successor of node ``i`` of that job. The type's node config is kept, for
+        the replacements the provider submits on its own."""
+
+        def add(doc: dict[str, Any]) -> None:
+            doc.setdefault("node_configs", {})[node_type] = node_config
+            for job, at in jobs:
+                for index in range(nodes_per_job):
+                    rec = {"slurm_job": job, "role": "worker", "tags": dict(tags), "created": at}
+                    if replaces:
+                        rec["replaces"] = elastic_node_id(replaces, index)
+                        old = doc["nodes"].get(elastic_node_id(replaces, index))
+                        if old is not None:
+                            old["successor"] = elastic_node_id(job, index)
+                    doc["nodes"][elastic_node_id(job, index)] = rec
+
+        self.update(add)
+
+    def forget_replacements(self, pairs: Mapping[str, str]) -> None:
+        """``new -> old`` replacement pairs that failed: neither names the other any more."""
+
+        def forget(doc: dict[str, Any]) -> None:
+            for new, old in pairs.items():
+                doc["nodes"].get(new, {}).pop("replaces", None)
+                if doc["nodes"].get(old, {}).get("successor") == new:
+                    doc["nodes"][old].pop("successor")
+
+        self.update(forget)
+
+    def end_jobs(self, by_job: Mapping[str, Sequence[str]], requeued: Iterable[str]) -> None:
+        """Elastic worker jobs the autoscaler let go (``job -> node ids``): ``requeued``
+        ones hidden until they run again, the others terminated. A node not recorded (its
+        record lost) is recorded as ended, so it is not adopted again."""
+        again = set(requeued)
+
+        def mark(doc: dict[str, Any]) -> None:
+            for job, ids in by_job.items():
+                for node_id in ids:
+                    rec = doc["nodes"].setdefault(node_id, {"slurm_job": job, "role": "worker", "tags": {}})
+                    rec["created"] = rec.get("created", time.time())
+                    rec["requeued" if job in again else "terminated"] = True
+
+        self.update(mark)
+
+    def note_refused(self, refused: Mapping[str, tuple[str, str]]) -> None:
+        """Node types whose job SLURM can never start (``type -> (job, reason)``): the
+        provider refuses to submit them again for a while."""
+
+        def note(doc: dict[str, Any]) -> None:
+            for node_type, (job, reason) in refused.items():
+                doc.setdefault("refused", {})[node_type] = {"job": job, "reason": reason, "at": time.time()}
+
+        self.update(note)
 
     # ---------------------------------------------------------------- stopping
     def mark_stopping(self) -> None:

@@ -37,9 +37,11 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..plan.modules import RELAY, python_m
 from ..plan.names import step_name
 from ..slurm.client import SlurmCommandError, slurm_timeout
+from ..slurm.env import job_id_from_env
 from ..slurm.srun import job_state, srun_argv
 from .cluster_state import ClusterState
 from .node_run import current_head
@@ -71,14 +73,16 @@ class Head:
 def find_head(state: ClusterState) -> Head:
     """The head's dashboard address, from the state dir; ValueError when there is none."""
     if not state.exists():
-        raise ValueError(f"cluster {state.cluster_name!r} of job {state.job_id} is not running ({state.dir})")
+        raise ConfigError(
+            f"cluster {state.cluster_name!r} of job {state.job_id} is not running ({state.dir})"
+        )
     head = current_head(state)
     ip = state.read_marker(head, "ip") if head else None
     plan = state.ports()
     if head is None or ip is None or plan is None:
-        raise ValueError(f"cluster {state.cluster_name!r} of job {state.job_id} has no running head")
+        raise ConfigError(f"cluster {state.cluster_name!r} of job {state.job_id} has no running head")
     if state.read_marker(head, "exit") is not None:
-        raise ValueError(
+        raise ConfigError(
             f"the head {head} of cluster {state.cluster_name!r} exited: see `eray-provider status`"
         )
     slurm_node = state.read()["nodes"][head].get("slurm_node", "")
@@ -138,7 +142,7 @@ def _reachable(head: Head) -> bool:
         socket.create_connection((head.address, head.port), timeout=DIRECT_CONNECT_TIMEOUT).close()
         return True
     except ConnectionRefusedError as e:
-        raise ValueError(
+        raise ConfigError(
             f"the head's dashboard at {head.address}:{head.port} refuses connections (is it up? "
             "see `eray-provider status` and `eray-provider logs CLUSTER --component dashboard`)"
         ) from e
@@ -248,17 +252,17 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
     """Forward until the cluster ends, Ctrl-C, SIGTERM or SIGHUP; returns the exit status."""
     out = out or sys.stdout
     if via not in ("auto", "direct", "srun"):
-        raise ValueError(f"--via {via!r} is not one of auto, direct, srun")
+        raise ConfigError(f"--via {via!r} is not one of auto, direct, srun")
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port {port!r} is not a port number (0: any free port)")
+        raise ConfigError(f"--port {port!r} is not a port number (0: any free port)")
     head = find_head(state)
     if not state.token_path.is_file():
-        raise ValueError(f"cluster {state.cluster_name!r} has no token file {state.token_path}")
+        raise ConfigError(f"cluster {state.cluster_name!r} has no token file {state.token_path}")
     mode = "srun" if via == "srun" or (via == "auto" and not _reachable(head)) else "direct"
     try:
         listener = socket.create_server(("127.0.0.1", port))
     except OSError as e:
-        raise ValueError(f"--port {port}: cannot listen on 127.0.0.1:{port}: {e}") from e
+        raise ConfigError(f"--port {port}: cannot listen on 127.0.0.1:{port}: {e}") from e
     relay = None
     reason = "?"
     previous = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -335,6 +339,6 @@ def resolve(target: str, job: str | None, base: Path) -> ClusterState:
         config = yaml.safe_load(Path(target).read_text()) or {}
         name = str(config.get("cluster_name", ""))
         provider = config.get("provider") or {}
-        job = job or (str(provider["job_id"]) if provider.get("job_id") else os.environ.get("SLURM_JOB_ID"))
+        job = job or (str(provider["job_id"]) if provider.get("job_id") else job_id_from_env(os.environ))
         base = Path(provider.get("state_dir") or base).expanduser()
     return ClusterState(name, find_cluster(base, name, job, state_dirs(base)), base)

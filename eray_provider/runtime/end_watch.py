@@ -35,6 +35,8 @@ import time
 from collections.abc import Collection
 from typing import NamedTuple
 
+from ..errors import ConfigError
+from ..plan.environment import NodeLaunch
 from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError
 from ..slurm.walltime import (
@@ -129,16 +131,18 @@ def _client(address: str):
         if time.monotonic() > deadline:
             raise SystemExit(f"eray-provider: the GCS at {address} did not open in {GCS_WAIT_SECONDS:.0f} s")
         time.sleep(0.5)
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     return GcsClient(address=address)
 
 
 def _state() -> ClusterState | None:
-    env = os.environ
-    if not all(env.get(k) for k in ("ERAY_CLUSTER", "ERAY_JOB_ID", "ERAY_STATE_BASE")):
+    """The cluster of the node_run that started this watcher, None outside one."""
+    try:
+        launch = NodeLaunch.from_env(os.environ)
+    except ConfigError:
         return None
-    return ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
+    return ClusterState(launch.cluster, launch.job_id, launch.state_base)
 
 
 def watch(address: str, lead: float, interval: float, replaced: bool = False) -> int:

@@ -44,7 +44,7 @@ def wait(address: str, ids: list[str], timeout: float) -> int:
             print(f"the GCS at {address} did not open within {timeout:.0f} s", flush=True)
             return 1
         time.sleep(0.1)
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     client = GcsClient(address=address)
     alive: dict[str, str] = {}
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.wait:
         return wait(args.address, sys.stdin.read().split(), args.timeout)
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     for instance_id, ip in _alive(GcsClient(address=args.address)).items():
         print(instance_id or "-", ip)

@@ -11,7 +11,6 @@ is up in one node's start time, not two. Teardown cancels exactly this cluster's
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shlex
@@ -21,8 +20,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from ..errors import ClusterError, ClusterTimeoutError
+from ..plan import environment
+from ..plan.environment import ClusterEnv, host_of
 from ..plan.join_progress import JoinProgress
-from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, RUNTIME_ENV_HOOK, python_m
+from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, python_m
 from ..plan.names import is_cluster_step, step_name
 from ..plan.ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
 from ..slurm.allocation import Allocation
@@ -49,32 +51,27 @@ CLEANUP_TIMEOUT = 120.0
 PROBE_TIMEOUT = 120.0
 
 
-class LaunchError(RuntimeError):
+class LaunchError(ClusterError):
     pass
 
 
 def cluster_env(state: ClusterState) -> dict[str, str]:
     """Variables every process of the cluster and every client of it needs."""
-    env = {
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(state.token_path),
-        "HOME": str(state.home),
-        "RAY_RUNTIME_ENV_HOOK": RUNTIME_ENV_HOOK,
-    }
     address = head_address(state)
-    if address:
-        env["RAY_ADDRESS"] = address
-        env["ERAY_HEAD_IP"] = address.rsplit(":", 1)[0]
     plan = state.ports()
-    if plan is not None:
-        env["ERAY_JAX_PORTS"] = f"{plan.jax_first}:{plan.jax_count}"
-        env["ERAY_JOB_ID"] = state.job_id
     try:
         jax_defaults = state.cluster_config()["provider"].get("jax_env") or {}
     except (OSError, KeyError, ValueError):
         jax_defaults = {}
-    env["ERAY_JAX_ENV"] = json.dumps(jax_defaults)
-    return env
+    return ClusterEnv(
+        token_path=str(state.token_path),
+        home=str(state.home),
+        jax_env=jax_defaults,
+        job_id=state.job_id if plan is not None else None,
+        jax_ports=(plan.jax_first, plan.jax_count) if plan is not None else None,
+        head_ip=host_of(address) if address else None,
+        address=address,
+    ).to_env()
 
 
 def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
@@ -112,7 +109,7 @@ _NODE_SPECIFIC = (
     "RAY_CLOUD_INSTANCE_ID",
     "RAY_HEAD_IP",
     "RAY_ADDRESS",
-    "ERAY_",
+    environment.PREFIX,
 )
 
 
@@ -131,23 +128,33 @@ def encode_node_ids(ids: Mapping[str, str]) -> str:
     return f"{compress(names)}@{first}"
 
 
-def node_env(state: ClusterState, role: str, ids: Mapping[str, str], extra: Mapping[str, str]):
+def node_env(
+    state: ClusterState,
+    role: str,
+    ids: Mapping[str, str],
+    extra: Mapping[str, str],
+    elastic: bool = False,
+    replaces: str | None = None,
+) -> dict[str, str]:
+    """The environment of a node's step or job: this process's, less what describes its own
+    Ray node and every ``ERAY_*`` (a launch from inside a node), plus ``extra`` and the
+    ``NodeLaunch`` that node_run reads."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(_NODE_SPECIFIC)}
-    if "ERAY_USER_TMPDIR" in os.environ:  # launched from inside one of our Ray nodes
+    user_tmpdir = os.environ.get(environment.USER_TMPDIR)
+    if user_tmpdir is not None:  # launched from inside one of our Ray nodes
         base.pop("TMPDIR", None)
-        if os.environ["ERAY_USER_TMPDIR"]:
-            base["TMPDIR"] = os.environ["ERAY_USER_TMPDIR"]
-    return clean_env(
-        base,
-        {
-            **extra,
-            "ERAY_STATE_BASE": str(state.base),
-            "ERAY_CLUSTER": state.cluster_name,
-            "ERAY_JOB_ID": state.job_id,
-            "ERAY_ROLE": role,
-            "ERAY_NODE_IDS": encode_node_ids(ids),
-        },
+        if user_tmpdir:
+            base["TMPDIR"] = user_tmpdir
+    launch = environment.NodeLaunch(
+        state_base=str(state.base),
+        cluster=state.cluster_name,
+        job_id=state.job_id,
+        role=role,
+        node_ids=encode_node_ids(ids),
+        elastic=elastic,
+        replaces=replaces,
     )
+    return clean_env(base, {**extra, **launch.to_env()})
 
 
 def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> PortPlan:
@@ -225,9 +232,7 @@ def start_head(
             name = step_name(state.cluster_name, f"head.{rec['gen']}")
             argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
-            doc = json.loads(json.dumps(doc))
-            doc["nodes"][node_id].update(step_name=name, launched=time.time())
-            state.write(doc)
+            state.mark_launched([node_id], name)
     return proc
 
 
@@ -243,18 +248,8 @@ def launch_workers(
     env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
     with state.lock(timeout=120):
         state.check_launchable()
-        _mark_launched(state, list(nodes.values()), name)
+        state.mark_launched(list(nodes.values()), name)
         return launch_detached(argv, state.logs / f"workers.{batch}.log", env)
-
-
-def _mark_launched(state: ClusterState, node_ids: Sequence[str], step_name: str) -> None:
-    now = time.time()
-
-    def mark(doc):
-        for node_id in node_ids:
-            doc["nodes"][node_id].update(step_name=step_name, launched=now)
-
-    state.update(mark)
 
 
 def _tail(path, lines: int = 25) -> str:
@@ -557,4 +552,4 @@ def wait_joined(
     if missing:
         records = state.read()["nodes"]
         names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
-        raise TimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")
+        raise ClusterTimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 #: The name of the dir of collected logs inside a cluster's state dir.
+from ..errors import ConfigError
+
 LOGS_DIR = "ray-logs"
 #: Default of ``provider.collect_logs_mb``, and its largest value.
 #: At most this many files a node (a node's many small worker logs: inodes on HOME).
@@ -275,7 +277,7 @@ def component_files(root: Path, components: Sequence[str]) -> list[str]:
 def check_components(names: Sequence[str]) -> list[str]:
     bad = [n for n in names if n not in COMPONENTS]
     if bad:
-        raise ValueError(f"--component {bad[0]!r} is not one of {', '.join(COMPONENTS)}")
+        raise ConfigError(f"--component {bad[0]!r} is not one of {', '.join(COMPONENTS)}")
     return list(names)
 
 

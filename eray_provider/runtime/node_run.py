@@ -7,15 +7,14 @@ port plan, token and resources, and records the outcome for the provider. It for
 SIGTERM/SIGINT to Ray and, when Ray ends, copies its logs into the state dir
 (``node_logs``) and removes its temp dir.
 
-Its input comes from the environment: ``ERAY_STATE_BASE``, ``ERAY_CLUSTER``,
-``ERAY_JOB_ID``, ``ERAY_ROLE`` and ``ERAY_NODE_IDS`` (``<hostlist>@<first generation>``).
+Its input comes from the environment: ``plan.environment.NodeLaunch`` (the state dir,
+cluster, job and role, and the launch's node ids as ``<hostlist>@<first generation>``).
 A node of a cluster that is being stopped (``ray down`` has begun) exits at once.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -25,14 +24,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from ..errors import ClusterError, ConfigError
+from ..plan import environment
 from ..plan.cluster_config import DEFAULT_CAP_MB
-from ..plan.modules import END_WATCH, RUNTIME_ENV_HOOK, python_m
+from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
+from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
 from ..plan.ports import PortPlan, candidates, choose_plan
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
+from ..slurm.env import job_id_from_env, node_index, restart_count
+from ..slurm.env import node_name as slurm_node_name
 from ..slurm.hostlist import HostlistError, expand
 from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 from .bind_shim import bind_env, check_preloaded, shim_path
@@ -57,7 +63,7 @@ PENDING_TIMEOUT_SECONDS = 3600
 STOP_WAIT_SECONDS = 3.0
 
 
-class NodeRunError(RuntimeError):
+class NodeRunError(ClusterError):
     pass
 
 
@@ -70,7 +76,7 @@ def node_id_from(value: str, node_name: str) -> str | None:
     except HostlistError:
         names = None
     if names is None:
-        raise NodeRunError(f"ERAY_NODE_IDS={value!r}: expected <hostlist>@<first generation>")
+        raise NodeRunError(f"{environment.NODE_IDS}={value!r}: expected <hostlist>@<first generation>")
     if node_name not in names:
         return None
     return f"{node_name}.{int(first) + names.index(node_name)}"
@@ -120,28 +126,6 @@ def pick_ip(network: str | None) -> str:
     if addrs:
         return addrs[0]
     raise NodeRunError(f"cannot find a non-loopback address of {socket.gethostname()}")
-
-
-def jax_env(state: ClusterState, provider: dict, plan, head_ip: str | None) -> dict[str, str]:
-    """What every Ray worker of the cluster needs for JAX (see ``eray_provider.jax``)."""
-    return {
-        "ERAY_HEAD_IP": (head_ip or "").split(":")[0],
-        "ERAY_JAX_PORTS": f"{plan.jax_first}:{plan.jax_count}",
-        "ERAY_JOB_ID": state.job_id,
-        "ERAY_JAX_ENV": json.dumps(provider.get("jax_env") or {}),
-        "RAY_RUNTIME_ENV_HOOK": RUNTIME_ENV_HOOK,
-    }
-
-
-def _hide_slurm(env: dict[str, str]) -> dict[str, str]:
-    """Move SLURM_* to ERAY_SLURM_*: inherited by workers they switch on JAX's SLURM detection."""
-    out = {}
-    for key, value in env.items():
-        if key.startswith("SLURM_") and key != "SLURM_CONF":
-            out["ERAY_" + key] = value
-        else:
-            out[key] = value
-    return out
 
 
 def local_port_plan(job_id: str) -> PortPlan:
@@ -271,7 +255,7 @@ def _end_watch(gcs: str, args: list[str], ray_env: dict[str, str]) -> subprocess
     """Start ``end_watch`` (the head's watcher, or one node's drain) beside Ray, with the
     cluster's token variables; it prints into this node's log."""
     argv = python_m(sys.executable, END_WATCH, gcs, *args)
-    return subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
 
 
 def _stop_helper(proc: subprocess.Popen) -> None:
@@ -291,9 +275,9 @@ def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> N
     which hid the node since the requeue, to show it again."""
     state.marker(node_id, "exit").unlink(missing_ok=True)
     state.marker(node_id, "drain").unlink(missing_ok=True)
-    restarts = env.get("SLURM_RESTART_COUNT", "0")
-    if restarts.isdigit() and int(restarts) > 0:
-        state.write_marker(node_id, "rerun", restarts)
+    restarts = restart_count(env)
+    if restarts > 0:
+        state.write_marker(node_id, "rerun", str(restarts))
 
 
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
@@ -304,20 +288,136 @@ def _run_setup(commands: list[str], env: dict[str, str]) -> None:
             raise NodeRunError(f"setup command failed with exit {rc}: {cmd}")
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Which node of which cluster this process is. ``own_job``: an elastic worker's own
+    SLURM job (the provider submitted it with sbatch); None for a node of the cluster's job."""
+
+    launch: NodeLaunch
+    node_name: str
+    node_id: str
+    own_job: str | None
+
+
+def identify(env: Mapping[str, str]) -> Identity:
+    """This node's identity from what the launcher and SLURM handed it; ``ConfigError``
+    naming what is missing."""
+    launch = NodeLaunch.from_env(env)
+    own_job = job_id_from_env(env) if launch.elastic else None
+    if launch.elastic and own_job is None:
+        raise ConfigError("SLURM_JOB_ID is not set: an elastic worker runs in a job of its own")
+    node_name = slurm_node_name(env)
+    if own_job is not None:
+        return Identity(launch, node_name, elastic_node_id(own_job, node_index(env)), own_job)
+    node_id = node_id_from(launch.node_ids, node_name)
+    if node_id is None:
+        raise ConfigError(f"node {node_name} is not in {environment.NODE_IDS}={launch.node_ids!r}")
+    return Identity(launch, node_name, node_id, None)
+
+
+def ray_environment(
+    env: Mapping[str, str], cluster: ClusterEnv, tmp: str, node_id: str, n_workers: int
+) -> dict[str, str]:
+    """The environment of the node's setup commands and of its Ray, before its start spec:
+    the step's own, the cluster's (``ClusterEnv``; no ``RAY_ADDRESS``: ``ray start`` is
+    told its head), Ray's temp files in ``tmp`` (the user's ``TMPDIR`` kept aside for the
+    nodes this one launches) and the node's instance id."""
+    out = dict(env)
+    out.pop("RAY_ADDRESS", None)
+    out.update(cluster.to_env())
+    out.update(
+        {
+            "TMPDIR": tmp,
+            environment.USER_TMPDIR: env.get(environment.USER_TMPDIR, env.get("TMPDIR", "")),
+            "RAY_CLOUD_INSTANCE_ID": node_id,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "AUTOSCALER_MAX_CONCURRENT_LAUNCHES": str(n_workers),
+            "AUTOSCALER_MAX_LAUNCH_BATCH": str(n_workers),
+        }
+    )
+    return out
+
+
+def head_environment(provider: Mapping[str, Any]) -> dict[str, str]:
+    """What only the head's Ray gets: how long an adopted or launched node may take to
+    run Ray before the autoscaler gives up on it (Ray's default differs by release:
+    ray_compat), and an elastic cluster's autoscaler interval."""
+    out = {
+        "RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S": str(
+            provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
+        )
+    }
+    if provider.get("elastic"):
+        out["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
+    return out
+
+
+def start_spec(
+    alloc: Allocation,
+    node_name: str,
+    role: str,
+    ip: str,
+    plan: PortPlan,
+    temp_dir: str,
+    head_address: str | None,
+    provider: Mapping[str, Any],
+    autoscaling_config: str | None,
+) -> StartSpec:
+    """This node's ``ray start``, from its share of the allocation and the provider config."""
+    return StartSpec(
+        share=alloc.node(node_name),
+        job_id=alloc.job_id,
+        role=role,
+        ip=ip,
+        plan=plan,
+        temp_dir=temp_dir,
+        head_address=head_address,
+        dashboard_host=provider.get("dashboard_host"),
+        object_store_fraction=float(provider["object_store_fraction"]),
+        autoscaling_config=autoscaling_config,
+        node_index=alloc.node_names.index(node_name),
+        metrics_export=bool(provider.get("metrics_export")),
+        end_time=alloc.end_time,
+    )
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes],
+    node_id: str,
+    gcs: str,
+    job: str,
+    ray_env: dict[str, str],
+    drains: list[subprocess.Popen[bytes]],
+) -> int:
+    """Until the node's Ray ends: SIGTERM and SIGINT are passed on to it, and SLURM's
+    warning of the job's end (``walltime.END_SIGNAL``) drains this node now (a helper
+    appended to ``drains``, which the caller stops). Returns Ray's exit code."""
+    stop_asked: list[float] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stop_asked.append(time.monotonic())
+        proc.send_signal(signum)
+
+    def ending(_signum: int, _frame: object) -> None:
+        print(f"eray-provider: {node_id}: SLURM signalled its job's end", flush=True)
+        drains.append(_end_watch(gcs, ["--node", node_id, "--job", job], ray_env))
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(getattr(signal, f"SIG{END_SIGNAL}"), ending)
+    return _wait_ray(proc, stop_asked)
+
+
 def main() -> int:
     env = os.environ
-    state = ClusterState(env["ERAY_CLUSTER"], env["ERAY_JOB_ID"], env["ERAY_STATE_BASE"])
-    node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    # an elastic worker is a node of its own job, which the provider submitted with sbatch
-    own_job = env.get("SLURM_JOB_ID", "") if env.get("ERAY_ELASTIC") == "1" else None
-    if own_job is not None:
-        node_id = elastic_node_id(own_job, int(env.get("SLURM_NODEID") or 0))
-    else:
-        node_id = node_id_from(env["ERAY_NODE_IDS"], node_name)
-    if node_id is None:
-        print(f"eray-provider: node {node_name} is not in ERAY_NODE_IDS", file=sys.stderr)
+    try:
+        ident = identify(env)
+    except ConfigError as e:
+        print(f"eray-provider: {e}", file=sys.stderr)
         return 2
-    role = env["ERAY_ROLE"]
+    launch, node_name, node_id, own_job = ident.launch, ident.node_name, ident.node_id, ident.own_job
+    state = ClusterState(launch.cluster, launch.job_id, launch.state_base)
+    role = launch.role
     tmp = None
     ray_home: SharedDir | None = None
     provider: dict = {}
@@ -344,21 +444,14 @@ def main() -> int:
         state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
         n_workers = max(len(alloc.workers), 10)
-        ray_env = dict(
-            env,
-            HOME=str(state.home),
-            # everything Ray and Python create in temp dirs goes into ours; the user's own
-            # TMPDIR is kept aside for the nodes this one launches (the head's workers)
-            TMPDIR=tmp,
-            ERAY_USER_TMPDIR=env.get("ERAY_USER_TMPDIR", env.get("TMPDIR", "")),
-            RAY_AUTH_MODE="token",
-            RAY_AUTH_TOKEN_PATH=str(state.token_path),
-            RAY_CLOUD_INSTANCE_ID=node_id,
-            RAY_USAGE_STATS_ENABLED="0",
-            AUTOSCALER_MAX_CONCURRENT_LAUNCHES=str(n_workers),
-            AUTOSCALER_MAX_LAUNCH_BATCH=str(n_workers),
+        cluster = ClusterEnv(
+            token_path=str(state.token_path),
+            home=str(state.home),
+            jax_env=provider.get("jax_env") or {},
+            job_id=state.job_id,
+            jax_ports=(plan.jax_first, plan.jax_count),
         )
-        ray_env.pop("RAY_ADDRESS", None)
+        ray_env = ray_environment(env, cluster, tmp, node_id, n_workers)
         head_address = None
         if role == "worker":
             # while the head starts (a cluster of fixed nodes starts every node at once)
@@ -370,21 +463,18 @@ def main() -> int:
         ray_home.enter()
         if ray_home.path != tmp:
             state.write_temp_dirs(node_id, node_name, [tmp, ray_home.path])
-        spec = StartSpec(
-            share=alloc.node(node_name),
-            job_id=alloc.job_id,
-            role=role,
-            ip=ip,
-            plan=node_plan,
-            temp_dir=ray_temp_dir(ray_home.path),
-            head_address=head_address,
-            dashboard_host=provider.get("dashboard_host"),
-            object_store_fraction=float(provider["object_store_fraction"]),
-            # the launcher's config: present under `ray up`, absent under `eray-provider run`
-            autoscaling_config=str(bootstrap) if role == "head" and bootstrap.exists() else None,
-            node_index=alloc.node_names.index(node_name),
-            metrics_export=bool(provider.get("metrics_export")),
-            end_time=alloc.end_time,
+        # the launcher's config: present under `ray up`, absent under `eray-provider run`
+        autoscaling = str(bootstrap) if role == "head" and bootstrap.exists() else None
+        spec = start_spec(
+            alloc,
+            node_name,
+            role,
+            ip,
+            node_plan,
+            ray_temp_dir(ray_home.path),
+            head_address,
+            provider,
+            autoscaling,
         )
         ray_env.update(spec.env())
         if not provider.get("bind_all_interfaces"):
@@ -400,13 +490,8 @@ def main() -> int:
                     flush=True,
                 )
         if role == "head":
-            # how long an adopted or launched node may take to run Ray before the autoscaler
-            # gives up on it (Ray's default differs by release: ray_compat)
-            pending = provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
-            ray_env["RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"] = str(pending)
-        if role == "head" and provider.get("elastic"):
-            ray_env["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
-        ray_env.update(jax_env(state, provider, plan, head_ip=ip if role == "head" else head_address))
+            ray_env.update(head_environment(provider))
+        ray_env[environment.HEAD_IP] = ip if role == "head" else host_of(str(head_address))
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
         argv = spec.argv()
@@ -414,31 +499,17 @@ def main() -> int:
         beside = os.path.join(os.path.dirname(sys.executable), "ray")
         if os.access(beside, os.X_OK):
             argv[0] = beside
-        if env.get("ERAY_REPLACES"):
-            stand_by(state, node_id, env["ERAY_REPLACES"])
+        if launch.replaces:
+            stand_by(state, node_id, launch.replaces)
         state.check_launchable()  # a teardown that began while this step started wins
-        proc = subprocess.Popen(argv, env=_hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
         replaced = bool(provider.get("elastic")) and provider.get("replace_before_end_s", 0) > 0
         if role == "head" and (lead > 0 or replaced):
             watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
 
-        stop_asked: list[float] = []
-
-        def forward(signum, _frame):
-            stop_asked.append(time.monotonic())
-            proc.send_signal(signum)
-
-        def ending(_signum, _frame):
-            # SLURM's warning of this job's end (walltime.END_SIGNAL): drain this node now
-            print(f"eray-provider: {node_id}: SLURM signalled its job's end", flush=True)
-            drains.append(_end_watch(gcs, ["--node", node_id, "--job", own_job or state.job_id], ray_env))
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(getattr(signal, f"SIG{END_SIGNAL}"), ending)
-        code = _wait_ray(proc, stop_asked)
+        code = _supervise(proc, node_id, gcs, own_job or state.job_id, ray_env, drains)
     except Exception as e:  # reported to the provider through the exit marker
         print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
         code = 1 if code == 0 else code

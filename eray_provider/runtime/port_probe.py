@@ -22,15 +22,17 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..errors import ClusterError
 from ..plan.ports import Excluded
 from ..slurm.client import srun_port_range
+from ..slurm.env import node_name
 
 EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 RESERVED_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
 
 
-class ProbeError(RuntimeError):
+class ProbeError(ClusterError):
     """A probe's output that cannot be read, or a node that did not answer."""
 
 
@@ -119,7 +121,7 @@ def host_exclusions() -> list[Excluded]:
 
 def local_report(ports: Sequence[int]) -> NodeReport:
     """This node's busy ports among ``ports`` and its own ranges (unreadable ones omitted)."""
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = node_name(os.environ)
     eph_text, res_text = _read(EPHEMERAL_FILE), _read(RESERVED_FILE)
     return NodeReport(
         node=node,

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ClusterError, ClusterTimeoutError
+from ..plan.environment import CLIENT_VARIABLES
 from ..plan.names import safe_part
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
-from ..slurm.env import in_srun_step
+from ..slurm.env import in_srun_step, node_name, step_instance
 from ..slurm.srun import job_state
 from ..slurm.step import StepLayout, step_layout
 from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
@@ -40,9 +42,6 @@ logger = logging.getLogger(__name__)
 
 #: How long the first process waits at exit for the others to disconnect.
 EXIT_WAIT_SECONDS = 120.0
-#: What a connecting process takes from the cluster's environment (not its HOME).
-_CLIENT_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_RUNTIME_ENV_HOOK", "ERAY_HEAD_IP",
-                "ERAY_JAX_PORTS", "ERAY_JOB_ID", "ERAY_JAX_ENV")  # fmt: skip
 _initialized = False
 
 
@@ -50,7 +49,7 @@ def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
     """Unique per srun invocation: job ids start again after a controller's cold start, so
     the step id alone could meet an earlier job's leftovers. It names the SLURM cluster
     too: job ids of two SLURM clusters sharing a HOME are unrelated."""
-    return f"step{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}@{safe_part(slurm_cluster)}"
+    return f"step{step_instance(env)}@{safe_part(slurm_cluster)}"
 
 
 #: File in a step cluster's state dir naming the SLURM cluster it ran on (its scontrol name).
@@ -135,12 +134,12 @@ def _wait_ready(state: ClusterState, timeout: float) -> str:
     while time.monotonic() < deadline:
         failed = _marker(state, "failed")
         if failed.exists():
-            raise RuntimeError(f"the step's Ray cluster did not start: {failed.read_text()}")
+            raise ClusterError(f"the step's Ray cluster did not start: {failed.read_text()}")
         ready = _marker(state, "ready")
         if ready.exists() and ready.read_text():
             return ready.read_text()
         time.sleep(0.5)
-    raise TimeoutError(f"the step's Ray cluster was not ready after {timeout:.0f} s ({state.dir})")
+    raise ClusterTimeoutError(f"the step's Ray cluster was not ready after {timeout:.0f} s ({state.dir})")
 
 
 def _report_done(state: ClusterState, rank: int) -> None:
@@ -179,8 +178,9 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     # registered before ray.init, so it runs after Ray's own exit handler
     atexit.register(_report_done, state, layout.process_id)
     client = cluster_env(state)
-    os.environ.update({k: client[k] for k in _CLIENT_VARS if k in client})
-    here = env.get("SLURMD_NODENAME")
+    # what a connecting process takes from the cluster's environment (not its HOME)
+    os.environ.update({k: client[k] for k in CLIENT_VARIABLES if k in client})
+    here = node_name(env)
     mine = [i for i, rec in state.read()["nodes"].items() if rec["slurm_node"] == here]
     return address, (state.read_marker(mine[0], "ip") if mine else None)
 
@@ -214,7 +214,7 @@ def auto_ray_cluster(
 
     if ray.is_initialized():
         if fail_if_cluster_already_initialized:
-            raise RuntimeError("Ray is already initialized in this process")
+            raise ClusterError("Ray is already initialized in this process")
         logger.warning("Ray is already initialized in this process: not connecting again")
     else:
         ray.init(address=address or "local", namespace=namespace, **kwargs)

@@ -45,6 +45,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 #: The oldest Ray supported: the first with token authentication.
+from ..errors import ClusterError
+
 OLDEST = (2, 52)
 #: The newest Ray tested; a newer 2.x is used with a warning.
 NEWEST_TESTED = (2, 60)
@@ -53,7 +55,7 @@ SUPPORTED = f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}"
 AGENT_HTTP_TOKEN_SINCE = (2, 54)
 
 
-class UnsupportedRayError(RuntimeError):
+class UnsupportedRayError(ClusterError):
     """The installed Ray is outside the supported range."""
 
 

@@ -28,6 +28,8 @@ import struct
 import sys
 from collections.abc import Iterator
 
+from ..errors import ErayError
+
 OPEN, DATA, CLOSE = 1, 2, 3
 _HEADER = struct.Struct(">IBI")
 #: The most a frame carries; a larger write is split.
@@ -39,7 +41,7 @@ CONNECT_TIMEOUT = 10.0
 GREETING = b"\x00eray-provider relay 1\n"
 
 
-class FrameError(ValueError):
+class FrameError(ErayError, ValueError):
     """The stream is not a sequence of frames: the other side is not a relay."""
 
 

@@ -21,10 +21,12 @@ import shutil
 import stat
 
 #: How many times ``enter`` starts again after losing a race with a leaver.
+from ..errors import ClusterError
+
 ATTEMPTS = 20
 
 
-class SharedDirError(RuntimeError):
+class SharedDirError(ClusterError):
     """The path is not a private dir of this user, or could not be entered."""
 
 

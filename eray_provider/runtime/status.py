@@ -20,6 +20,7 @@ from pathlib import Path
 
 from filelock import Timeout
 
+from ..errors import ClusterError
 from ..plan.cluster_status import ClusterStatus, down_status, summarize, unreadable_status
 from ..plan.names import check_cluster_name, default_base
 from ..plan.sbatch import JobInfo
@@ -33,7 +34,7 @@ from .slurm_jobs import user_jobs
 GCS_TIMEOUT = 20.0
 
 
-class PruneError(RuntimeError):
+class PruneError(ClusterError):
     """Nothing was pruned: SLURM could not say which jobs ended."""
 
 

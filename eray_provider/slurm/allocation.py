@@ -9,12 +9,16 @@ finds its coordinator on its head. Built from the environment (``slurm.env``) or
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
+from ..errors import ConfigError
 
-class AllocationError(ValueError):
+
+class AllocationError(ConfigError):
     """SLURM facts that are missing, malformed or contradict each other."""
 
 
@@ -143,6 +147,41 @@ class Allocation:
         )
 
 
+_MEMORY = re.compile(r"(\d+)(\.\d+)?([KMGT]?)B?", re.IGNORECASE)
+_MIB_PER = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}
+
+
+def memory_mib(text: str, decimals: bool = False) -> float | None:
+    """An amount of memory as SLURM writes it (``--mem``, ``scontrol``, the ``SLURM_MEM_*``
+    variables): a number of MiB with an optional unit, K, M, G or T in either case and an
+    optional B after it (``3000``, ``3000M``, ``4G``, ``512k``, ``4GB``); ``decimals`` also
+    takes what ``scontrol`` prints (``1.50G``), which sbatch itself refuses. Returns MiB,
+    None for anything else: what 0 means and how to round is the caller's (a request of 0
+    is an error, a job's 0 is "not tracked")."""
+    m = _MEMORY.fullmatch(text.strip())
+    if m is None or (m.group(2) and not decimals):
+        return None
+    return float(m.group(1) + (m.group(2) or "")) * _MIB_PER[m.group(3).upper()]
+
+
+def one_gpu_type(types: Iterable[str | None]) -> str | None:
+    """The GPU type of a node whose GPUs were counted in several entries (a GRES list, two
+    components of a heterogeneous job), one type (None: untyped) per entry that counted
+    GPUs: the type when all agree, else None (``ray start`` gets one ``gpu_type`` label,
+    and a wrong one would place work badly)."""
+    distinct = set(types)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+def add_shares(a: NodeShare, b: NodeShare) -> NodeShare:
+    """One node's two shares (two components of a heterogeneous job on it) as one Ray node:
+    CPUs, GPUs and memory summed (memory unknown if either is), the GPU type by
+    ``one_gpu_type``, the GPU indices unknown."""
+    memory = None if a.memory_mb is None or b.memory_mb is None else a.memory_mb + b.memory_mb
+    gpu_type = one_gpu_type(s.gpu_type for s in (a, b) if s.gpus)
+    return NodeShare(a.name, a.cpus + b.cpus, a.gpus + b.gpus, gpu_type, memory)
+
+
 def parse_gpu_spec(value: str, variable: str) -> tuple[str | None, int]:
     """``4``, ``a100:4``, ``gpu:4``, ``gpu:a100:4`` -> (type or None, count).
 
@@ -160,5 +199,5 @@ def parse_gpu_spec(value: str, variable: str) -> tuple[str | None, int]:
             raise AllocationError(f"{variable}={value!r}: expected COUNT, TYPE:COUNT or gpu:TYPE:COUNT")
         total += int(parts[-1])
         types.add(parts[0] if len(parts) == 2 and parts[0] else None)
-    gpu_type = types.pop() if len(types) == 1 else None
+    gpu_type = one_gpu_type(types)
     return gpu_type, total

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from ..errors import ClusterError
 from .allocation import Allocation, AllocationError, JobGoneError
 from .env import allocation_from_env, job_id_from_env
 from .scontrol import (
@@ -52,7 +53,7 @@ ANSWERS = ("Invalid job id", "already completing or completed")
 INPUT_VARIABLES = ("SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SCANCEL_", "SCONTROL_")
 
 
-class SlurmCommandError(RuntimeError):
+class SlurmCommandError(ClusterError):
     """A SLURM command failed, timed out or is not installed: not a verdict about the job."""
 
 
@@ -65,7 +66,7 @@ class SlurmAnswerError(SlurmCommandError):
         return "Invalid job id" in str(self)
 
 
-def _env_number(name: str, default: float, kind: type = float) -> float:
+def _env_number(name: str, default: float, kind: type[float] | type[int] = float) -> float:
     value = os.environ.get(name)
     if value is None or value == "":
         return default

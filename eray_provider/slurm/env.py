@@ -8,9 +8,10 @@ guessed (a run-length list that disagrees with the node list is an error).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 
-from .allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
+from .allocation import Allocation, AllocationError, NodeShare, add_shares, memory_mib, parse_gpu_spec
 from .hostlist import HostlistError, expand, expand_counts
 
 #: Set by SLURM in allocations, batch scripts and steps.
@@ -34,6 +35,47 @@ def in_srun_step(env: Mapping[str, str]) -> bool:
     ``SLURM_TASKS_PER_NODE``, ``SLURM_JOB_NODELIST`` for steps started from outside)
     describe the step instead of the job."""
     return any(var in env for var in STEP_VARIABLES)
+
+
+def in_step_task(env: Mapping[str, str]) -> bool:
+    """True in a task of an srun step that knows its rank (``SLURM_PROCID``)."""
+    return in_srun_step(env) and "SLURM_PROCID" in env
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """This node's name as SLURM knows it: ``SLURMD_NODENAME`` in a job's steps, else the
+    host name up to its first dot (as slurmd names a node by default)."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _count_of(env: Mapping[str, str], var: str) -> int:
+    value = env.get(var, "0")
+    if not value.isdigit():
+        raise AllocationError(f"{var}={value!r} is not a non-negative integer")
+    return int(value)
+
+
+def node_index(env: Mapping[str, str]) -> int:
+    """This node's index in its job (``SLURM_NODEID``; 0 when unset)."""
+    return _count_of(env, "SLURM_NODEID")
+
+
+def task_index(env: Mapping[str, str]) -> int:
+    """This task's rank in its step (``SLURM_PROCID``; 0 when unset, as in a batch script)."""
+    return _count_of(env, "SLURM_PROCID")
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """How often SLURM requeued this job (``SLURM_RESTART_COUNT``; 0 when unset)."""
+    return _count_of(env, "SLURM_RESTART_COUNT")
+
+
+def step_instance(env: Mapping[str, str]) -> str:
+    """One srun invocation, unique within its job: ``<step id>-<srun's port>`` (step ids
+    start again after a controller's cold start; the client's port tells two apart)."""
+    if "SLURM_STEP_ID" not in env:
+        raise AllocationError("SLURM_STEP_ID is not set: not inside an srun step (run under srun)")
+    return f"{env['SLURM_STEP_ID']}-{env.get('SLURM_SRUN_COMM_PORT', '0')}"
 
 
 def job_id_from_env(env: Mapping[str, str]) -> str | None:
@@ -62,16 +104,11 @@ def _int(var: str, value: str) -> int:
 
 
 def _memory_mb(var: str, value: str) -> int:
-    """SLURM memory values are MiB, optionally with a unit suffix (``500``, ``500M``, ``4G``)."""
-    text = value.strip().upper()
-    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-    factor = 1.0
-    if text and text[-1] in scale:
-        factor = scale[text[-1]]
-        text = text[:-1]
-    if not text.isdigit():
+    """MiB of a ``SLURM_MEM_*`` variable (``500``, ``500M``, ``4G``: ``memory_mib``)."""
+    mib = memory_mib(value)
+    if mib is None:
         raise AllocationError(f"{var}={value!r} is not an amount of memory in MiB")
-    return int(int(text) * factor)
+    return int(mib)
 
 
 def _component(env: Mapping[str, str], suffix: str, label: str) -> list[NodeShare]:
@@ -237,14 +274,5 @@ def _merge_repeated(nodes: list[NodeShare], job_id: str) -> tuple[NodeShare, ...
         if n.name not in merged:
             merged[n.name] = n
             continue
-        m = merged[n.name]
-        types = {t for t in (m.gpu_type, n.gpu_type) if t}
-        merged[n.name] = NodeShare(
-            n.name,
-            m.cpus + n.cpus,
-            m.gpus + n.gpus,
-            types.pop() if len(types) == 1 else None,
-            None if m.memory_mb is None or n.memory_mb is None else m.memory_mb + n.memory_mb,
-            None,
-        )
+        merged[n.name] = add_shares(merged[n.name], n)
     return tuple(merged.values())

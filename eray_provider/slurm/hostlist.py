@@ -22,6 +22,8 @@ __all__ = ["MAX_NAMES", "MAX_RANGE", "HostlistError", "compress", "expand", "exp
 
 #: Upper bound on the names one expression may expand to; a typo such as
 #: ``n[1-1000000000]`` must fail fast instead of exhausting memory.
+from ..errors import ConfigError
+
 MAX_NAMES = 1_000_000
 #: Slurm's ``MAX_RANGE``: one ``lo-hi`` range of more hosts is refused by Slurm ("Too many
 #: hosts in range"), so a name list we accept is one Slurm accepts too.
@@ -35,7 +37,7 @@ _TRAILING_DIGITS = re.compile(r"\d*\Z")
 _COUNT_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?\Z")
 
 
-class HostlistError(ValueError):
+class HostlistError(ConfigError):
     """An expression that is not a valid hostlist; the message quotes it and the position."""
 
     def __init__(self, expr: str, position: int, reason: str) -> None:
@@ -153,7 +155,9 @@ def _expand_token(expr: str, offset: int, token: str) -> list[str]:
                 out += [fmt % n for n in range(lo, hi + 1)]
         return out
 
-    def substitute(template_literals: list[str], template_groups: list) -> list[str]:
+    def substitute(
+        template_literals: list[str], template_groups: list[list[tuple[int, int, int]]]
+    ) -> list[str]:
         if not template_groups:
             return with_prefix("".join(template_literals))
         *left_groups, right = template_groups

@@ -12,7 +12,16 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from .allocation import Allocation, AllocationError, JobGoneError, NodeShare, parse_gpu_spec
+from .allocation import (
+    Allocation,
+    AllocationError,
+    JobGoneError,
+    NodeShare,
+    add_shares,
+    memory_mib,
+    one_gpu_type,
+    parse_gpu_spec,
+)
 from .hostlist import HostlistError, expand
 from .walltime import UNKNOWN_TIMES, WalltimeError, parse_duration, parse_timestamp
 
@@ -40,7 +49,7 @@ def _int_list(expr: str) -> list[int]:
 
 def _gres_gpus(value: str) -> tuple[str | None, int, tuple[int, ...] | None]:
     """``gpu:a100:2(IDX:0-1)`` (possibly among other GRES) -> (type, count, ids)."""
-    gpu_type: str | None = None
+    types: list[str | None] = []
     count = 0
     ids: list[int] | None = None
     for m in _GRES_ITEM.finditer(value):
@@ -50,22 +59,22 @@ def _gres_gpus(value: str) -> tuple[str | None, int, tuple[int, ...] | None]:
         if name == "gpu":
             name = "gpu:0"
         t, c = parse_gpu_spec(name, "GRES")
-        gpu_type = gpu_type or t
         if detail and detail.startswith("IDX:"):
             idx = [] if detail[4:] in ("", "N/A") else _int_list(detail[4:])
             ids = (ids or []) + idx
             c = len(idx)
+        if c:
+            types.append(t)
         count += c
-    return gpu_type, count, tuple(ids) if ids is not None else None
+    return one_gpu_type(types), count, tuple(ids) if ids is not None else None
 
 
 def _memory_mb(value: str) -> int | None:
     """``500``, ``500M``, ``4G`` -> MiB; ``0`` (memory not tracked) -> None."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value)
-    if not m:
+    mib = memory_mib(value, decimals=True)
+    if mib is None:
         raise AllocationError(f"cannot read memory {value!r} from scontrol")
-    mb = float(m.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[m.group(2)]
-    return int(mb) or None
+    return int(mib) or None
 
 
 def parse_fields(record: str) -> dict[str, str]:
@@ -210,16 +219,7 @@ def parse_job(text: str, job_id: str | None = None) -> Allocation:
             share = replace(share, cpus=counts[share.name])
             prev = nodes.get(share.name)
             if prev is not None:  # the same node in two components
-                share = NodeShare(
-                    share.name,
-                    prev.cpus + share.cpus,
-                    prev.gpus + share.gpus,
-                    prev.gpu_type or share.gpu_type,
-                    None
-                    if prev.memory_mb is None or share.memory_mb is None
-                    else prev.memory_mb + share.memory_mb,
-                    None,
-                )
+                share = add_shares(prev, share)
             nodes[share.name] = share
         if not nodes and state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
             # a pending or ended job holds no nodes: say so rather than fail obscurely

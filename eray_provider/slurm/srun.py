@@ -43,7 +43,6 @@ def srun_argv(
     command: Sequence[str],
     name: str | None = None,
     pty: bool = False,
-    input_all: bool = False,
     immediate: float | None = None,
     unbuffered: bool = False,
 ) -> list[str]:
@@ -67,8 +66,6 @@ def srun_argv(
         argv.append(f"--job-name={name}")
     if pty:
         argv.append("--pty")
-    if input_all:
-        argv.append("--input=all")
     if immediate is not None:
         argv.append(f"--immediate={max(1, round(immediate))}")
     if unbuffered:
@@ -100,7 +97,7 @@ def run_step(argv: Sequence[str], what: str, timeout: float) -> subprocess.Compl
         raise SlurmCommandError(f"{what} did not end within {timeout:.0f} s") from e
 
 
-def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
+def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """Start an srun client in its own session, output to a file (never a pipe)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -189,7 +186,7 @@ def _wait_unlisted(step_ids: set[str], job_id: str, timeout: float) -> set[str]:
     return remaining
 
 
-def stop_foreground_step(proc: subprocess.Popen, job_id: str, name: str, wait: float = 10.0) -> None:
+def stop_foreground_step(proc: subprocess.Popen[bytes], job_id: str, name: str, wait: float = 10.0) -> None:
     """End an srun client we started in a session of its own (``start_new_session``, so
     that the terminal's Ctrl-C reaches us, not it) and the step it holds: SIGTERM (srun
     passes it to the task), then SIGKILL, then, if the step outlived its client, a

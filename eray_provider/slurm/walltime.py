@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 #: The signal SLURM is asked to send before a job's end (``--signal=URG@<lead>``).
 END_SIGNAL = "URG"
 #: How long before its job's end a node is drained (``provider.drain_before_end_s``).
@@ -35,7 +37,7 @@ EARLIER_BY_SECONDS = 5.0
 UNKNOWN_TIMES = ("", "Unknown", "NONE", "None", "N/A", "(null)", "INVALID")
 
 
-class WalltimeError(ValueError):
+class WalltimeError(ConfigError):
     """A SLURM time that cannot be read."""
 
 
