@@ -99,8 +99,10 @@ class Forwarding:
             if m:
                 return m.group(0)
 
-    def interrupt(self, timeout: float = 60) -> str:
-        """Ctrl-C; returns all it printed."""
+    def interrupt(self, timeout: float = 150) -> str:
+        """Ctrl-C; returns all it printed. Bounded by the relay's own stop: 5 s to close its
+        input, ``STOP_SECONDS``, then SIGTERM and SIGKILL of its srun (10 s each) and a
+        scancel of the step waited for up to 30 s, each SLURM command with its timeout."""
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=timeout)

@@ -111,7 +111,9 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
             rest = threading.Thread(target=lambda: first.extend(follow.stdout or ()), daemon=True)
             rest.start()
             follow.send_signal(signal.SIGINT)
-            follow.wait(timeout=60)
+            # bounded by stop_foreground_step: SIGTERM and SIGKILL of the srun client (10 s
+            # each), then a scancel of its step waited for up to 30 s
+            follow.wait(timeout=150)
             rest.join(timeout=10)
         assert follow.returncode == 130, first[-20:]
         assert not [s for s in _steps(testbed, sb.job_id) if s.startswith("eray.sb.logs.")]
