@@ -165,3 +165,17 @@ def test_a_hook_reservation_is_stale_only_when_old_and_its_coordinator_is_gone()
     assert not ejax._holder_stale(young, live, now=now)  # reserved, not listening yet
     assert ejax._holder_stale(old, live, now=now)  # closed now
     assert not ejax._holder_stale("something else entirely here", live, now=now)
+
+
+def test_the_hook_under_its_old_path_is_never_chained_to_itself(monkeypatch) -> None:
+    """A runtime env of a cluster started before the package had floors names the hook as
+    eray_provider.jax_hook.setup_worker: it is the provider's own, not a user's hook (chained,
+    it would call itself until RecursionError)."""
+    from eray_provider.jax import hook
+    from eray_provider.plan.modules import OLD_WORKER_SETUP_HOOK
+
+    out = runtime_env_hook({"worker_process_setup_hook": OLD_WORKER_SETUP_HOOK})
+    assert out["worker_process_setup_hook"] == SETUP_HOOK and ENV_USER_HOOK not in out["env_vars"]
+    monkeypatch.setenv(ENV_USER_HOOK, OLD_WORKER_SETUP_HOOK)
+    monkeypatch.delenv("ERAY_JAX_RANK", raising=False)
+    hook.setup_worker()  # returns: no recursion, no JAX group to join

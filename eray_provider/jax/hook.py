@@ -26,10 +26,13 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..plan.environment import USER_SETUP_HOOK, read_jax_env
-from ..plan.modules import WORKER_SETUP_HOOK
+from ..plan.modules import OLD_WORKER_SETUP_HOOK, WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)
 SETUP_HOOK = WORKER_SETUP_HOOK
+#: the provider's own hook under every path it has had: never chained as a user's hook
+#: (it would call itself)
+OWN_HOOKS = (WORKER_SETUP_HOOK, OLD_WORKER_SETUP_HOOK)
 ENV_USER_HOOK = USER_SETUP_HOOK
 
 
@@ -42,7 +45,7 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
         env_vars = {}
     env_vars.update(merged.get("env_vars") or {})
     user_hook = merged.get("worker_process_setup_hook")
-    if user_hook and user_hook != SETUP_HOOK:
+    if user_hook and user_hook not in OWN_HOOKS:
         if not isinstance(user_hook, str):
             # a callable cannot be chained through a variable: keep the user's hook as is
             logger.warning("worker_process_setup_hook is not an import path: JAX auto-init is off")
@@ -56,7 +59,7 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
 
 def setup_worker() -> None:
     user_hook = os.environ.get(ENV_USER_HOOK)
-    if user_hook:
+    if user_hook and user_hook not in OWN_HOOKS:
         module, _, name = user_hook.rpartition(".")
         getattr(importlib.import_module(module), name)()
     from . import initialize_from_env

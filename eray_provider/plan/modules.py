@@ -15,6 +15,9 @@ BIND_SHIM = "eray_provider.runtime._bindshim"
 #: ``module.function`` paths that Ray imports on every node
 RUNTIME_ENV_HOOK = "eray_provider.jax.hook.runtime_env_hook"
 WORKER_SETUP_HOOK = "eray_provider.jax.hook.setup_worker"
+#: the same hook under its path before the package had floors (``eray_provider.jax_hook``),
+#: which the runtime envs of clusters started before then still name
+OLD_WORKER_SETUP_HOOK = "eray_provider.jax_hook.setup_worker"
 #: what ``eray_provider.<name>`` loads on first access (the providers need Ray)
 LAZY = {
     "SlurmNodeProvider": "eray_provider.autoscaler.provider",

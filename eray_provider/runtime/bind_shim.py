@@ -1,7 +1,7 @@
 """Keeping a cluster's listeners off all interfaces: the preloaded bind shim (bindshim.c).
 
 Ray 2.60 binds its gRPC servers and metrics endpoints to 0.0.0.0 / [::] with no option to
-change it. ``node_run`` preloads ``eray_provider._bindshim`` into the node's Ray so that
+change it. ``node_run`` preloads ``eray_provider.runtime._bindshim`` into the node's Ray so that
 wildcard binds of the cluster's ports go to the node's address, and loopback connects to
 those ports (Ray reaches its local metrics agent at 127.0.0.1) follow them.
 ``provider.bind_all_interfaces: true`` turns this off.

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from ..errors import ConfigError
 from ..plan.environment import NodeLaunch
+from ..plan.modules import END_WATCH
 from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError
 from ..slurm.walltime import (
@@ -281,7 +282,7 @@ def drain_self(address: str, instance_id: str, job: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eray_provider.runtime.end_watch")
+    ap = argparse.ArgumentParser(prog=f"python -m {END_WATCH}")
     ap.add_argument("address", help="the GCS, HOST:PORT")
     ap.add_argument("--lead", type=float, default=0.0, help="drain this many seconds before a job's end")
     ap.add_argument("--interval", type=float, default=WATCH_SECONDS)

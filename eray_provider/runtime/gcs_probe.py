@@ -23,6 +23,7 @@ import argparse
 import sys
 import time
 
+from ..plan.modules import GCS_PROBE
 from .port_probe import port_open
 
 POLL_SECONDS = 0.2
@@ -69,7 +70,7 @@ def wait(address: str, ids: list[str], timeout: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eray_provider.runtime.gcs_probe")
+    ap = argparse.ArgumentParser(prog=f"python -m {GCS_PROBE}")
     ap.add_argument("address")
     ap.add_argument("--wait", action="store_true", help="wait for the node ids on stdin")
     ap.add_argument("--timeout", type=float, default=300.0)

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: The name of the dir of collected logs inside a cluster's state dir.
 from ..errors import ConfigError
+from ..plan.modules import NODE_LOGS
 
+#: The name of the dir of collected logs inside a cluster's state dir.
 LOGS_DIR = "ray-logs"
-#: Default of ``provider.collect_logs_mb``, and its largest value.
 #: At most this many files a node (a node's many small worker logs: inodes on HOME).
 MAX_FILES = 400
 #: Sessions kept of one node id (``ray up`` after ``ray down`` in one job reuses ids).
@@ -306,7 +306,7 @@ def main(argv: list[str]) -> int:
     """On a live node: print (or follow) the logs of its Ray, whose private dir is given."""
     from .node_run import ray_temp_dir
 
-    ap = argparse.ArgumentParser(prog="python -m eray_provider.runtime.node_logs")
+    ap = argparse.ArgumentParser(prog=f"python -m {NODE_LOGS}")
     ap.add_argument("private_dir")
     ap.add_argument("--title", default="")
     ap.add_argument("--component", action="append", default=[])

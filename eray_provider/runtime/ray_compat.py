@@ -44,9 +44,9 @@ import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-#: The oldest Ray supported: the first with token authentication.
 from ..errors import ClusterError
 
+#: The oldest Ray supported: the first with token authentication.
 OLDEST = (2, 52)
 #: The newest Ray tested; a newer 2.x is used with a warning.
 NEWEST_TESTED = (2, 60)

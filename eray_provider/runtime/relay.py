@@ -29,6 +29,7 @@ import sys
 from collections.abc import Iterator
 
 from ..errors import ErayError
+from ..plan.modules import RELAY
 
 OPEN, DATA, CLOSE = 1, 2, 3
 _HEADER = struct.Struct(">IBI")
@@ -212,7 +213,7 @@ def serve(host: str, port: int, stdin: int = 0, stdout: int = 1) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or ":" not in argv[0]:
-        print("usage: python -m eray_provider.runtime.relay HOST:PORT", file=sys.stderr)
+        print(f"usage: python -m {RELAY} HOST:PORT", file=sys.stderr)
         return 2
     host, _, port = argv[0].rpartition(":")
     return serve(host, int(port))

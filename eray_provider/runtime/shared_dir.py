@@ -20,9 +20,9 @@ import os
 import shutil
 import stat
 
-#: How many times ``enter`` starts again after losing a race with a leaver.
 from ..errors import ClusterError
 
+#: How many times ``enter`` starts again after losing a race with a leaver.
 ATTEMPTS = 20
 
 

@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..plan.modules import NODE_RUN
 from ..plan.names import is_cluster_job
 from ..plan.sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
 from ..slurm.client import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
@@ -36,7 +37,7 @@ def batch_script(python: str) -> str:
     return (
         "#!/bin/bash\n"
         "exec srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet "
-        f"{shlex.quote(python)} -m eray_provider.runtime.node_run\n"
+        f"{shlex.quote(python)} -m {NODE_RUN}\n"
     )
 
 

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Sequence
 
 __all__ = ["MAX_NAMES", "MAX_RANGE", "HostlistError", "compress", "expand", "expand_counts"]
 
-#: Upper bound on the names one expression may expand to; a typo such as
-#: ``n[1-1000000000]`` must fail fast instead of exhausting memory.
 from ..errors import ConfigError
 
+#: Upper bound on the names one expression may expand to; a typo such as
+#: ``n[1-1000000000]`` must fail fast instead of exhausting memory.
 MAX_NAMES = 1_000_000
 #: Slurm's ``MAX_RANGE``: one ``lo-hi`` range of more hosts is refused by Slurm ("Too many
 #: hosts in range"), so a name list we accept is one Slurm accepts too.
