@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (ErayError, ValueError) as e:  # a ValueError of argparse's type= conversions too
+    except (ErayError, ValueError) as e:  # bad input from any library call, too
         print(f"eray-provider: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
 

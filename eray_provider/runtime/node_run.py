@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ClusterError, ConfigError
@@ -491,7 +491,9 @@ def main() -> int:
                 )
         if role == "head":
             ray_env.update(head_environment(provider))
-        ray_env[environment.HEAD_IP] = ip if role == "head" else host_of(str(head_address))
+        ray_env.update(
+            replace(cluster, head_ip=ip if role == "head" else host_of(str(head_address))).to_env()
+        )
         state.write_marker(node_id, "ip", ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
         argv = spec.argv()
