@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -83,6 +84,7 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 from eray_provider.plan.cluster_config import fill_config
 from eray_provider.plan.elastic_config import fill_elastic_config
 from eray_provider.plan.modules import NODE_RUN
+from eray_provider.plan.node_record import NodeRecord
 from eray_provider.plan.ports import choose_plan
 from eray_provider.plan.sbatch import SQUEUE_FORMAT, elastic_node_id
 from eray_provider.runtime.cluster_state import ClusterState
@@ -340,17 +342,17 @@ def add_head(state: ClusterState, fake: FakeSlurm, slurm_node: str, cluster: str
         [(slurm_node, "head", {TAG_RAY_NODE_KIND: "head", TAG_RAY_USER_NODE_TYPE: "head"})]
     )
     name = f"eray.{cluster}.head.1"
-    state.update(lambda doc: doc["nodes"][head].update(step_name=name, launched=time.time() - 60))
+    state.mark_launched([head], name)
+    backdate(state, 60)
     fake.write("steps", [*fake.read("steps"), f"{JOB}.0 {name}"])
     return head
 
 
 def backdate(state: ClusterState, seconds: float) -> None:
-    def shift(doc: dict[str, Any]) -> None:
-        for rec in doc["nodes"].values():
-            for key in ("launched", "created"):
-                if key in rec:
-                    rec[key] -= seconds
+    def shift(_doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> None:
+        for node_id, rec in nodes.items():
+            launched = rec.launched - seconds if rec.launched else 0.0
+            nodes[node_id] = dataclasses.replace(rec, launched=launched, created=rec.created - seconds)
 
     state.update(shift)
 
@@ -656,7 +658,7 @@ def elastic_paths(n: int, per_job: int, root: Path, fake: FakeSlurm, count: int,
         cmds = [x["cmd"] for x in g.calls]
         g.check(cmds.count("sbatch") == submit, f"{cmds.count('sbatch')} sbatch calls, expected {submit}")
         t = time.perf_counter()
-        state.update(lambda doc: None)
+        state.update(lambda doc, nodes: None)
         rewrite = time.perf_counter() - t
         per = g.seconds / max(submit, 1)
         g.notes.append(

@@ -88,11 +88,8 @@ def test_another_process_write_is_answered_from_the_next_round(bindir: Path, tmp
     provider.non_terminated_nodes({})
     other = ClusterState("c", "77", tmp_path / "state")  # the head's monitor, say
 
-    def mark(doc):
-        doc["nodes"]["n2.2"]["tags"][TAG_RAY_NODE_STATUS] = "update-failed"
-        doc["nodes"]["n2.2"]["terminated"] = True
-
-    other.update(mark)
+    other.set_tags("n2.2", {TAG_RAY_NODE_STATUS: "update-failed"})
+    other.mark_terminated(["n2.2"])
     time.sleep(READ_FRESH_SECONDS + 0.05)
     assert provider.non_terminated_nodes({}) == ["n1.1"]
     assert not provider.is_running("n2.2") and provider.is_terminated("n2.2")
@@ -105,6 +102,6 @@ def test_is_terminated_does_not_wait_for_a_round(bindir: Path, tmp_path: Path) -
     provider, _ = _provider(tmp_path)
     provider.non_terminated_nodes({})
     other = ClusterState("c", "77", tmp_path / "state")
-    other.update(lambda doc: doc["nodes"]["n2.2"].update(terminated=True))
+    other.mark_terminated(["n2.2"])
     time.sleep(READ_FRESH_SECONDS + 0.05)
     assert provider.is_terminated("n2.2")

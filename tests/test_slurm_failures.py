@@ -152,7 +152,7 @@ def test_before_squeue_answers_launched_nodes_are_not_reported_terminated(
     # and a node cannot be marked terminated while its step may run
     with pytest.raises(SlurmCommandError, match="cannot terminate"):
         provider.terminate_nodes(["n2.2"])
-    assert not provider.state.read()["nodes"]["n2.2"].get("terminated")
+    assert not provider.state.records()["n2.2"].terminated
 
 
 def test_squeues_answer_decides_once_it_comes(bindir: Path, tmp_path: Path) -> None:

@@ -147,31 +147,36 @@ def test_the_node_record_transitions(tmp_path: Path) -> None:
     state.set_tags("gone.9", {"k": "x"})  # a node no longer recorded is left alone
     state.mark_requested(head, {"k": "again"})
     state.mark_terminated([worker])
-    nodes = state.read()["nodes"]
-    assert nodes[head]["step_name"] == nodes[worker]["step_name"] == "eray.c1.head.1"
-    assert nodes[head]["requested"]["tags"] == {"k": "again"} and not nodes[head].get("terminated")
-    assert nodes[worker]["tags"] == {"k": "w"} and nodes[worker]["terminated"] is True
+    nodes = state.records()
+    assert nodes[head].step_name == nodes[worker].step_name == "eray.c1.head.1"
+    assert nodes[head].requested is not None and nodes[head].requested.tags == {"k": "again"}
+    assert not nodes[head].terminated and nodes[head].live_head
+    assert nodes[worker].tags == {"k": "w"} and nodes[worker].terminated and not nodes[worker].fixed_worker
     # elastic: two jobs of two nodes replacing job 40, then one pair forgotten, then ended
     state.add_job_nodes("cpu", {"sbatch": {}}, [("50", 1.0), ("51", 2.0)], 2, {"t": "1"}, replaces="40")
     state.add_job_nodes("cpu", {"sbatch": {}}, [("40", 0.5)], 2, {})
     state.add_job_nodes("cpu", {"sbatch": {}}, [("52", 3.0)], 2, {}, replaces="40")
-    nodes = state.read()["nodes"]
-    assert nodes["j50-1"]["replaces"] == "j40-1" and nodes["j40-1"]["successor"] == "j52-1"
+    nodes = state.records()
+    assert nodes["j50-1"].replaces == "j40-1" and nodes["j40-1"].successor == "j52-1"
+    assert nodes["j50-1"].elastic and nodes["j50-1"].created == 1.0 and nodes["j50-1"].tags == {"t": "1"}
     state.forget_replacements({"j52-1": "j40-1"})
-    nodes = state.read()["nodes"]
-    assert "replaces" not in nodes["j52-1"] and "successor" not in nodes["j40-1"]
+    nodes = state.records()
+    assert nodes["j52-1"].replaces == "" and nodes["j40-1"].successor == ""
     state.end_jobs({"50": ["j50-0"], "51": ["j51-0"], "77": ["j77-0"]}, requeued=["51"])
-    nodes = state.read()["nodes"]
-    assert (
-        nodes["j50-0"]["terminated"] and nodes["j51-0"]["requeued"] and not nodes["j51-0"].get("terminated")
-    )
-    assert nodes["j77-0"] == {
+    nodes = state.records()
+    assert nodes["j50-0"].terminated and nodes["j51-0"].requeued and not nodes["j51-0"].terminated
+    # a record lost is recorded as ended; on disk, fields at their defaults are left out
+    assert state.read()["nodes"]["j77-0"] == {
         "slurm_job": "77",
         "role": "worker",
         "tags": {},
-        "created": nodes["j77-0"]["created"],
+        "created": nodes["j77-0"].created,
         "terminated": True,
     }
+    # records left alone by a transition are written back as they were read
+    before = state.read()["nodes"]["j50-1"]
+    state.mark_terminated(["j51-1"])
+    assert state.read()["nodes"]["j50-1"] == before and state.records()["j51-1"].terminated
     state.note_refused({"gpu": ("60", "PartitionConfig")})
     assert state.read()["refused"]["gpu"]["reason"] == "PartitionConfig"
 
@@ -209,3 +214,36 @@ def test_a_node_knows_who_it_is_and_what_its_ray_gets() -> None:
     assert (
         head_environment({"elastic": True, "autoscaler_interval_s": 1})["AUTOSCALER_UPDATE_INTERVAL_S"] == "1"
     )
+
+
+def test_a_node_record_round_trips_and_refuses_what_it_does_not_know() -> None:
+    from eray_provider.errors import ClusterError
+    from eray_provider.plan.node_record import NodeRecord, Requested, parse_records
+
+    rec = NodeRecord(
+        "head",
+        {"k": "v"},
+        5.0,
+        slurm_node="n1",
+        gen=3,
+        step_name="s",
+        launched=6.0,
+        requested=Requested({"k": "w"}, 7.0),
+    )
+    raw = rec.to_dict()
+    assert (
+        "terminated" not in raw
+        and "slurm_job" not in raw
+        and raw["requested"] == {"tags": {"k": "w"}, "at": 7.0}
+    )
+    assert parse_records({"n1.3": raw}) == {"n1.3": rec}
+    # the tags asked for last are answered to for a while only
+    assert rec.answers_to({"k": "w"}, now=8.0, requested_for=5.0)
+    assert not rec.answers_to({"k": "w"}, now=13.0, requested_for=5.0)
+    assert rec.answers_to({"k": "v"}, now=13.0, requested_for=5.0)
+    with pytest.raises(ClusterError, match=r"node 'n1.3' has unknown key\(s\) \['colour'\]"):
+        NodeRecord.from_dict("n1.3", {**raw, "colour": "red"})
+    with pytest.raises(ClusterError, match="no 'role'"):
+        NodeRecord.from_dict("n1.3", {"tags": {}})
+    with pytest.raises(ClusterError, match="not 'boss'"):
+        NodeRecord("boss")

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from filelock import FileLock
@@ -45,6 +46,7 @@ from ..plan.names import (
     parse_worker_job_name,
     worker_job_name,
 )
+from ..plan.node_record import NodeRecord
 from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
 from ..runtime.launch import node_env
@@ -262,8 +264,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         return out
 
     # ------------------------------------------------------------------ node view
-    def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
-        if "slurm_job" in rec:
+    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps) -> bool:
+        if rec.elastic:
             return False  # worker jobs are judged by _elastic_ids
         return super()._alive(node_id, rec, markers, steps)
 
@@ -271,19 +273,19 @@ class SlurmJobProvider(SlurmNodeProvider):
         """A worker node lives while its job is live in squeue (pending or running), it
         was not terminated and its Ray has not ended; a job just submitted counts as
         pending until squeue lists it (at most SUBMIT_GRACE_SECONDS)."""
-        rec = self._records().get(node_id, {})
+        rec = self._records().get(node_id)
         markers = self.state.markers()
-        if rec.get("terminated") or f"{node_id}.exit" in markers:
+        if (rec and rec.terminated) or f"{node_id}.exit" in markers:
             return False
-        if rec.get("requeued") and f"{node_id}.rerun" not in markers:
+        if rec and rec.requeued and f"{node_id}.rerun" not in markers:
             return False  # requeued by SLURM: hidden until it runs again
         found = self._worker_jobs().get(job)
         if found is not None:
             return index < max(found[0].num_nodes, 1)
         return (
-            "created" in rec
+            rec is not None
             and job not in self._jobs()  # listed but ended: gone at once
-            and time.time() - rec["created"] < SUBMIT_GRACE_SECONDS
+            and time.time() - rec.created < SUBMIT_GRACE_SECONDS
         )
 
     def _elastic_ids(self) -> list[str]:
@@ -309,7 +311,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         }
         for node_id, rec in self._records().items():
             parsed = _parse_node_id(node_id)
-            if rec.get("slurm_job") and parsed:
+            if rec.elastic and parsed:
                 candidates.setdefault(node_id, parsed)
         alive = [i for i, (job, index) in candidates.items() if self._elastic_alive(i, job, index)]
         successors = self._successors()
@@ -327,7 +329,7 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _successors(self) -> dict[str, str]:
         """Replacement node id -> the node it replaces, of the pairs the records hold."""
-        return {i: r["replaces"] for i, r in self._records().items() if r.get("replaces")}
+        return {i: r.replaces for i, r in self._records().items() if r.replaces}
 
     def _round_inputs(self) -> tuple:
         return (*super()._round_inputs(), self._elastic_ids(), self._worker_jobs())
@@ -335,7 +337,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _compute_answers(  # type: ignore[override]
         self,
         alive: list[str],
-        records: dict[str, dict[str, Any]],
+        records: Mapping[str, NodeRecord],
         elastic: list[str],
         workers: dict[str, tuple[JobInfo, str]],
     ) -> Answers:
@@ -346,7 +348,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             found = workers.get(job)
             rec = records.get(node_id)
             answers[node_id] = (
-                ReadOnlyTags(rec["tags"] if rec else _adopted_tags(found)),
+                ReadOnlyTags(rec.tags if rec else _adopted_tags(found)),
                 bool(found and found[0].state == "RUNNING"),
             )
         return answers
@@ -354,7 +356,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _read_tags(self, node_id: str) -> dict[str, str]:
         rec = self._records().get(node_id)
         if rec:
-            return dict(rec["tags"])
+            return dict(rec.tags)
         parsed = _parse_node_id(node_id)
         return _adopted_tags(self._worker_jobs().get(parsed[0]) if parsed else None)
 
@@ -573,7 +575,8 @@ class SlurmJobProvider(SlurmNodeProvider):
                 continue
             try:
                 self.state.write_marker(node_id, "handover", str(time.time()))
-                replaces = self._records().get(node_id, {}).get("replaces") or "a node whose record was lost"
+                rec = self._records().get(node_id)
+                replaces = (rec.replaces if rec else "") or "a node whose record was lost"
                 logger.info("%s takes over from %s", node_id, replaces)
             except OSError as e:  # tried again with the next listing
                 logger.warning("could not hand over to %s: %s", node_id, e)
@@ -614,18 +617,18 @@ class SlurmJobProvider(SlurmNodeProvider):
             return
         markers = self.state.markers()
         self._forget_failed_replacements(markers)
-        doc = self.state.read()
-        records, configs, markers = doc["nodes"], doc.get("node_configs", {}), self.state.markers()
+        records, markers = self.state.records(), self.state.markers()
+        configs = self.state.read().get("node_configs", {})
 
         def replaceable(node_id: str) -> bool:
             rec = records.get(node_id)
             return not (
                 rec is None
-                or rec.get("terminated")
-                or rec.get("successor")
+                or rec.terminated
+                or rec.successor
                 or f"{node_id}.exit" in markers
                 or f"{node_id}.drain" in markers
-                or (rec.get("replaces") and f"{node_id}.handover" not in markers)
+                or (rec.replaces and f"{node_id}.handover" not in markers)
             )
 
         ending = []
@@ -652,7 +655,7 @@ class SlurmJobProvider(SlurmNodeProvider):
                 self._check_refused(due.node_type)
                 config = configs[due.node_type]
                 request = node_request(self.provider_config, config, due.node_type)
-                self._submit_jobs(due.node_type, config, request, rec["tags"], 1, replaces=due.job_id)
+                self._submit_jobs(due.node_type, config, request, dict(rec.tags), 1, replaces=due.job_id)
             except ClusterStoppingError:
                 return
             except (SlurmCommandError, ClusterConfigError) as e:
@@ -682,17 +685,16 @@ class SlurmJobProvider(SlurmNodeProvider):
         jobs = self._worker_jobs()
         records = self._records()
         shown = self._elastic_view()[1]
+
+        def terminated(node_id: str) -> bool:
+            return node_id in records and records[node_id].terminated
+
         for ids in list(by_job.values()):
             for node_id in ids:
                 # a replacement not handed over yet goes with the node it was to replace
-                successor = records.get(node_id, {}).get("successor")
+                successor = records[node_id].successor if node_id in records else ""
                 parsed = _parse_node_id(successor) if successor else None
-                if (
-                    successor
-                    and parsed
-                    and successor not in shown
-                    and not records.get(successor, {}).get("terminated")
-                ):
+                if parsed and successor not in shown and not terminated(successor):
                     by_job.setdefault(parsed[0], []).append(successor)
         whole = []
         for job, ids in by_job.items():
@@ -700,8 +702,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             others = [
                 elastic_node_id(job, i)
                 for i in range(size)
-                if elastic_node_id(job, i) not in ids
-                and not records.get(elastic_node_id(job, i), {}).get("terminated")
+                if elastic_node_id(job, i) not in ids and not terminated(elastic_node_id(job, i))
             ]
             if others:
                 for node_id in ids:  # the job's other nodes are still wanted

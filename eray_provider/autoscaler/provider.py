@@ -17,6 +17,7 @@ import atexit
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ray.autoscaler.node_provider import NodeProvider
@@ -31,6 +32,7 @@ from ray.autoscaler.tags import (
 )
 
 from ..plan.cluster_config import FILLED, fill_config, gone_config
+from ..plan.node_record import NodeRecord
 from ..plan.node_spec import worker_types
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError
 from ..runtime.launch import (
@@ -70,11 +72,6 @@ REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
 #: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
 Answers = dict[str, tuple[ReadOnlyTags, bool]]
-
-
-def _fixed_worker(rec: dict[str, Any]) -> bool:
-    """A worker of the allocation that is not terminated (elastic workers are jobs)."""
-    return rec["role"] == "worker" and not rec.get("terminated") and "slurm_job" not in rec
 
 
 def _unlink_quietly(path: str) -> None:
@@ -193,8 +190,8 @@ class SlurmNodeProvider(NodeProvider):
         return cluster_config
 
     # ------------------------------------------------------------------ node records
-    def _records(self) -> dict[str, dict[str, Any]]:
-        return self.state.read()["nodes"]
+    def _records(self) -> Mapping[str, NodeRecord]:
+        return self.state.records()
 
     def _job_steps(self) -> dict[str, str] | None:
         """Step id -> name for the job, refreshed at most every STEP_CACHE_SECONDS; None
@@ -211,19 +208,16 @@ class SlurmNodeProvider(NodeProvider):
             self._steps = (time.monotonic(), steps)
         return steps
 
-    def _alive(self, node_id: str, rec: dict[str, Any], markers: set[str], steps) -> bool:
-        if rec.get("terminated"):
+    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps) -> bool:
+        if rec.terminated or f"{node_id}.exit" in markers:
             return False
-        if f"{node_id}.exit" in markers:
-            return False
-        launched = rec.get("launched")
-        if not launched:
+        if not rec.launched:
             return True  # created, start command not run yet
         if steps is None:
             return False  # SLURM says the job has ended
-        if steps is UNKNOWN or rec.get("step_name") in steps:
+        if steps is UNKNOWN or rec.step_name in steps:
             return True
-        return time.time() - launched < STEP_GRACE_SECONDS
+        return time.time() - rec.launched < STEP_GRACE_SECONDS
 
     def _alive_ids(self) -> list[str]:
         """Ids of live nodes; recomputed only when the records, markers or steps changed."""
@@ -237,7 +231,7 @@ class SlurmNodeProvider(NodeProvider):
     def _alive_inputs(self) -> tuple:
         records = self._records()
         markers = self.state.markers()
-        needs_steps = any(r.get("launched") and not r.get("terminated") for r in records.values())
+        needs_steps = any(r.launched and not r.terminated for r in records.values())
         steps = self._job_steps() if needs_steps else {}
         return records, markers, self._step_names(steps) if steps else steps
 
@@ -258,33 +252,25 @@ class SlurmNodeProvider(NodeProvider):
         self._answers = answers = self._round.get(self._round_inputs(), self._compute_answers)
         if not tag_filters:
             return list(answers)
-        records = self._records()
+        records, now = self._records(), time.time()
         return [
             i
             for i, (tags, _) in answers.items()
-            if self._matches(records.get(i) or {"tags": tags}, tag_filters)
+            if (records[i] if i in records else NodeRecord("worker", tags)).answers_to(
+                tag_filters, now, REQUESTED_TAGS_SECONDS
+            )
         ]
 
     def _round_inputs(self) -> tuple:
         return self._alive_ids(), self._records()
 
-    def _compute_answers(self, alive: list[str], records: dict[str, dict[str, Any]]) -> Answers:
+    def _compute_answers(self, alive: list[str], records: Mapping[str, NodeRecord]) -> Answers:
         answers: Answers = {}
         for node_id in alive:
             rec = records.get(node_id)
             if rec is not None:  # None: the state was removed since the view was computed
-                answers[node_id] = (ReadOnlyTags(rec["tags"]), bool(rec.get("launched")))
+                answers[node_id] = (ReadOnlyTags(rec.tags), bool(rec.launched))
         return answers
-
-    @staticmethod
-    def _matches(rec: dict[str, Any], tag_filters: dict[str, str]) -> bool:
-        """Tags match; a node also matches, for a while, the tags it was last requested
-        with, because ``ray up`` looks a new head up by the exact tags it asked for."""
-        candidates = [rec["tags"]]
-        requested = rec.get("requested")
-        if requested and time.time() - requested["at"] < REQUESTED_TAGS_SECONDS:
-            candidates.append(requested["tags"])
-        return any(all(t.get(k) == v for k, v in tag_filters.items()) for t in candidates)
 
     def is_running(self, node_id: str) -> bool:
         answer = self._answers.get(node_id)
@@ -292,7 +278,7 @@ class SlurmNodeProvider(NodeProvider):
 
     def _read_running(self, node_id: str) -> bool:
         rec = self._records().get(node_id)
-        return bool(rec and rec.get("launched") and node_id in self._alive_view()[1])
+        return bool(rec and rec.launched and node_id in self._alive_view()[1])
 
     def is_terminated(self, node_id: str) -> bool:
         """Not from the round's answers: Ray's updater polls it alone, in wait loops."""
@@ -306,7 +292,7 @@ class SlurmNodeProvider(NodeProvider):
 
     def _read_tags(self, node_id: str) -> dict[str, str]:
         rec = self._records().get(node_id)
-        return dict(rec["tags"]) if rec else {}
+        return dict(rec.tags) if rec else {}
 
     def internal_ip(self, node_id: str) -> str:
         """The address the node's Ray runs on; cached, because Ray's autoscaler asks it of
@@ -319,7 +305,7 @@ class SlurmNodeProvider(NodeProvider):
             self._ips[node_id] = ip
             return ip
         rec = self._records().get(node_id)
-        return rec["slurm_node"] if rec else node_id
+        return rec.slurm_node if rec else node_id
 
     def external_ip(self, node_id: str) -> str:
         return self.internal_ip(node_id)
@@ -394,7 +380,7 @@ class SlurmNodeProvider(NodeProvider):
             self.state.check_launchable()
             self._drop_views()  # under the lock: what other processes wrote counts
             alive = self._alive_view()[1]
-            busy = {rec["slurm_node"] for node_id, rec in self._records().items() if node_id in alive}
+            busy = {rec.slurm_node for node_id, rec in self._records().items() if node_id in alive}
             free = [n for n in candidates if n not in busy][:count]
             if len(free) < count:
                 logger.warning("asked for %d workers, only %d SLURM nodes are free", count, len(free))
@@ -410,10 +396,10 @@ class SlurmNodeProvider(NodeProvider):
         (``provider.wait_for_workers``, default true) until the workers launched with it
         have joined, and say how many nodes are alive."""
         rec = self._records()[node_id]
-        launched = [i for i, r in self._records().items() if _fixed_worker(r) and r.get("launched")]
+        launched = [i for i, r in self._records().items() if r.fixed_worker and r.launched]
         workers = launched if self.provider_config.get("wait_for_workers", True) else []
         try:
-            proc = start_head(self.state, node_id, rec["slurm_node"], extra_env, self.python)
+            proc = start_head(self.state, node_id, rec.slurm_node, extra_env, self.python)
             watch = wait_head_ready(
                 self.state,
                 node_id,
@@ -468,13 +454,11 @@ class SlurmNodeProvider(NodeProvider):
         steps = steps or {}
         by_step: dict[str, list[str]] = {}
         for node_id in targets:
-            by_step.setdefault(records[node_id].get("step_name", ""), []).append(node_id)
+            by_step.setdefault(records[node_id].step_name, []).append(node_id)
         whole = []
         for step_name, ids in by_step.items():
             # members already terminated do not keep the step from being cancelled whole
-            members = [
-                i for i, r in records.items() if r.get("step_name") == step_name and not r.get("terminated")
-            ]
+            members = [i for i, r in records.items() if r.step_name == step_name and not r.terminated]
             if step_name and set(members) <= set(ids):
                 whole += [sid for sid, name in steps.items() if name == step_name]
             else:
@@ -484,7 +468,7 @@ class SlurmNodeProvider(NodeProvider):
 
         self.state.mark_terminated(targets)
         self._drop_views()
-        if all(r.get("terminated") for r in self.state.read()["nodes"].values()):
+        if all(r.terminated for r in self.state.records().values()):
             self.stop_all()
 
     def _signal_node(self, node_id: str, job_id: str | None = None) -> None:
@@ -514,7 +498,7 @@ class SlurmNodeProvider(NodeProvider):
         docker_config: dict[str, Any] | None = None,
     ) -> SrunCommandRunner:
         rec = self._records().get(node_id)
-        slurm_node = rec["slurm_node"] if rec else self._allocation().head.name
+        slurm_node = rec.slurm_node if rec else self._allocation().head.name
         return SrunCommandRunner(
             self.state,
             node_id,

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..slurm.walltime import format_timestamp
 from .names import parse_worker_job_name
+from .node_record import NodeRecord, parse_records
 from .ports import PortPlan
 from .sbatch import TERMINAL_STATES, JobInfo
 
@@ -157,8 +158,8 @@ def summarize(
         if head_job.live:
             st.time_left, st.end_time = head_job.time_left, head_job.end_time
 
-    records = {i: r for i, r in doc.get("nodes", {}).items() if not r.get("terminated")}
-    heads = [i for i, r in records.items() if r.get("role") == "head"]
+    records = {i: r for i, r in parse_records(doc.get("nodes", {})).items() if not r.terminated}
+    heads = [i for i, r in records.items() if r.role == "head"]
     head = heads[-1] if heads else None
     if head is not None and head in ips and plan is not None:
         st.head_address = f"{ips[head]}:{plan.gcs}"
@@ -232,7 +233,7 @@ def summarize(
 
 def _node(
     node_id: str,
-    rec: Mapping[str, Any],
+    rec: NodeRecord,
     cluster_job: str,
     exits: Mapping[str, str],
     jobs: Mapping[str, JobInfo] | None,
@@ -240,21 +241,19 @@ def _node(
     job_ended: bool,
     drains: Mapping[str, str],
 ) -> NodeStatus:
-    own_job = str(rec.get("slurm_job") or "")  # an elastic worker's job of its own
+    own_job = rec.slurm_job  # an elastic worker's job of its own
     job = jobs.get(own_job) if (jobs is not None and own_job) else None
-    slurm_node = str(rec.get("slurm_node") or (job.nodelist if job else ""))
+    slurm_node = rec.slurm_node or (job.nodelist if job else "")
     draining = _drain_text(drains.get(node_id))
 
     def node(state: str, detail: str = "") -> NodeStatus:
-        return NodeStatus(
-            node_id, str(rec.get("role", "")), slurm_node, own_job or cluster_job, state, detail, draining
-        )
+        return NodeStatus(node_id, rec.role, slurm_node, own_job or cluster_job, state, detail, draining)
 
     if own_job and jobs is not None and (job is None or not job.live):
         return node("job-ended", f"(job {own_job} {job.state if job else 'is no longer listed'})")
     if job is not None and job.state == "PENDING":
         # a job SLURM requeued (preempted) pends again: its node comes back when it runs
-        return node("pending", f"({'requeued, ' if rec.get('requeued') else ''}{job.reason})")
+        return node("pending", f"({'requeued, ' if rec.requeued else ''}{job.reason})")
     if node_id in exits:
         return node("exited", f"(exit {exits[node_id]})")
     if alive is None or job_ended:
@@ -276,7 +275,7 @@ def _drain_text(marker: str | None) -> str:
 
 
 def _pairs(
-    nodes: list[NodeStatus], records: Mapping[str, Mapping[str, Any]], handovers: set[str]
+    nodes: list[NodeStatus], records: Mapping[str, NodeRecord], handovers: set[str]
 ) -> list[NodeStatus]:
     """An elastic worker and its replacement count as one node: a replacement not joined
     yet is ``replacing`` (the old node still counts), an old node gone after its
@@ -284,23 +283,24 @@ def _pairs(
     by_id = {n.node_id: n for n in nodes}
     out = []
     for n in nodes:
-        old = records.get(n.node_id, {}).get("replaces")
+        rec = records.get(n.node_id)
+        old = rec.replaces if rec else ""
         if old and n.node_id not in handovers and n.state != "alive" and old in by_id:
             n = replace(n, state="replacing", detail=f"(for {old}: {n.state} {n.detail})".replace(" )", ")"))
-        successor = records.get(n.node_id, {}).get("successor")
-        if successor in handovers and n.state != "alive":
+        successor = rec.successor if rec else ""
+        if successor and successor in handovers and n.state != "alive":
             n = replace(n, state="replaced", detail=f"(by {successor})")
         out.append(n)
     return out
 
 
 def _live_worker_jobs(
-    cluster: str, head_job: str, records: Mapping[str, Mapping[str, Any]], jobs: Mapping[str, JobInfo]
+    cluster: str, head_job: str, records: Mapping[str, NodeRecord], jobs: Mapping[str, JobInfo]
 ) -> list[str]:
     """An elastic cluster's worker jobs that squeue lists in a state that is not final
     (running, pending, completing, held...): those recorded, and any named as this head's
     (submitted, not yet recorded)."""
-    recorded = {str(r["slurm_job"]) for r in records.values() if r.get("slurm_job")}
+    recorded = {r.slurm_job for r in records.values() if r.elastic}
     live = {
         j.job_id
         for j in jobs.values()

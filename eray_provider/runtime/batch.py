@@ -140,7 +140,7 @@ def run(
         start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
         _log(f"running {' '.join(command)}")
         # this process runs on the job's first node, the head's
-        head_id = next(i for i, rec in state.read()["nodes"].items() if rec["role"] == "head")
+        head_id = next(i for i, rec in state.records().items() if rec.role == "head")
         proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
         code = proc.wait()
         _log(f"command exited {code}")

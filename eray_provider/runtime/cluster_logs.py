@@ -104,12 +104,12 @@ def node_logs(state: ClusterState) -> list[NodeLogs]:
         )
     if state.exists():
         markers = state.markers()
-        for node_id, rec in state.read()["nodes"].items():
-            if rec.get("terminated") or f"{node_id}.exit" in markers:
+        for node_id, rec in state.records().items():
+            if rec.terminated or f"{node_id}.exit" in markers:
                 continue
             slurm_node, dirs = state.temp_dirs(node_id)
             if dirs:
-                job = str(rec.get("slurm_job") or state.job_id)
+                job = rec.slurm_job or state.job_id
                 out[node_id] = NodeLogs(node_id, slurm_node, job, True, dirs[-1])
     return sorted(out.values(), key=lambda n: n.node_id)
 

@@ -8,7 +8,8 @@ autoscaler's per-round calls cost a ``stat`` and no subprocess.
 
 Layout::
 
-    state.json        node records: slurm node, role, type, tags, step, generation
+    state.json        node records (plan.node_record), the next generation, elastic
+                      node configs, refused node types, the teardown's start
     ports.json        the port plan chosen for the job (every node reads it)
     auth_token        Ray token, mode 0600
     cluster.json      the filled cluster config (setup commands, resources)
@@ -28,18 +29,22 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from filelock import FileLock
 
 from ..errors import ClusterError
 from ..plan.names import check_cluster_name, default_base
+from ..plan.node_record import NodeRecord, Requested, parse_records
 from ..plan.ports import PortPlan
 from ..plan.sbatch import elastic_node_id
 from .node_logs import LOGS_DIR
+
+T = TypeVar("T")
 
 #: Another process's write is seen by readers at most this late.
 READ_FRESH_SECONDS = 0.5
@@ -101,6 +106,7 @@ class ClusterState:
         self._state_file = str(self.dir / "state.json")
         self._lock: FileLock | None = None
         self._markers: tuple[float, frozenset[str]] | None = None
+        self._records: tuple[dict[str, Any], dict[str, NodeRecord]] | None = None
 
     # ---------------------------------------------------------------- paths
     @property
@@ -196,82 +202,85 @@ class ClusterState:
             self._cache = (mtime, doc)
         return self._cache[1]
 
+    def records(self) -> Mapping[str, NodeRecord]:
+        """The node records by id, typed (``plan.node_record``); parsed once per document
+        read, so the same object is returned while the file is unchanged (the
+        autoscaler's views are keyed by its identity). Do not mutate it: change records
+        through the named transitions below."""
+        doc = self.read()
+        if self._records is None or self._records[0] is not doc:
+            self._records = (doc, parse_records(doc["nodes"]))
+        return self._records[1]
+
     def write(self, doc: dict[str, Any]) -> None:
         _write_private(self.state_path, json.dumps(doc, indent=1, sort_keys=True))
         self._cache = None
 
-    def update(self, fn) -> Any:
-        """Read-modify-write under the lock; ``fn(doc)`` mutates doc and may return a value."""
+    def update(self, fn: Callable[[dict[str, Any], dict[str, NodeRecord]], T]) -> T:
+        """Read-modify-write under the lock: ``fn(doc, nodes)`` may change the document's
+        other keys (a copy) and put new records into ``nodes`` (a copy of the mapping;
+        records are frozen, so a changed one is a new object); returns what ``fn``
+        returns. Records ``fn`` left alone are written back as they were read."""
         with self.lock():
-            doc = json.loads(json.dumps(self.read()))
-            result = fn(doc)
+            current = self.read()
+            doc = json.loads(json.dumps({k: v for k, v in current.items() if k != "nodes"}))
+            parsed = self.records()
+            nodes = dict(parsed)
+            result = fn(doc, nodes)
+            raw = current["nodes"]
+            doc["nodes"] = {i: raw[i] if parsed.get(i) is r else r.to_dict() for i, r in nodes.items()}
             self.write(doc)
             return result
+
+    def _change(self, node_ids: Iterable[str], **changes: Any) -> None:
+        """The same fields changed on every record of ``node_ids`` (all recorded)."""
+        ids = list(node_ids)
+
+        def change(_doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> None:
+            for node_id in ids:
+                nodes[node_id] = replace(nodes[node_id], **changes)
+
+        self.update(change)
 
     def add_nodes(self, specs: list[tuple[str, str, dict[str, str]]]) -> list[str]:
         """Append node records ``(slurm node, role, tags)`` in one locked write; returns their
         ids, ``<slurm node>.<generation>`` (a node started again gets a new id)."""
-        ids: list[str] = []
 
-        def add(doc: dict[str, Any]) -> None:
+        def add(doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> list[str]:
+            ids = []
             for slurm_node, role, tags in specs:
                 gen = doc.get("next_gen", 1)
                 doc["next_gen"] = gen + 1
                 node_id = f"{slurm_node}.{gen}"
-                doc["nodes"][node_id] = {
-                    "slurm_node": slurm_node,
-                    "role": role,
-                    "tags": dict(tags),
-                    "gen": gen,
-                    "created": time.time(),
-                }
+                nodes[node_id] = NodeRecord(role, dict(tags), time.time(), slurm_node=slurm_node, gen=gen)
                 ids.append(node_id)
+            return ids
 
-        self.update(add)
-        return ids
+        return self.update(add)
 
     # ------------------------------------------------- node record transitions
-    # Every change of a node record, named, as one locked read-modify-write. Fixed nodes
-    # have ``slurm_node`` and ``gen``; an elastic node has ``slurm_job`` instead. Keys:
-    # role, tags, created; step_name and launched once its step started; requested (a
-    # ``ray up`` that found it); terminated; requeued; replaces / successor (elastic).
+    # Every change of a node record, named, as one locked read-modify-write.
 
     def mark_launched(self, node_ids: Sequence[str], step_name: str) -> None:
         """The nodes' step started (``step_name``, now)."""
-        now = time.time()
-
-        def mark(doc: dict[str, Any]) -> None:
-            for node_id in node_ids:
-                doc["nodes"][node_id].update(step_name=step_name, launched=now)
-
-        self.update(mark)
+        self._change(node_ids, step_name=step_name, launched=time.time())
 
     def set_tags(self, node_id: str, tags: Mapping[str, str]) -> None:
         """Ray's tags of a node, updated (a node no longer recorded is left alone)."""
 
-        def apply(doc: dict[str, Any]) -> None:
-            if node_id in doc["nodes"]:
-                doc["nodes"][node_id]["tags"].update(tags)
+        def apply(_doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> None:
+            if node_id in nodes:
+                nodes[node_id] = replace(nodes[node_id], tags={**nodes[node_id].tags, **tags})
 
         self.update(apply)
 
     def mark_requested(self, node_id: str, tags: Mapping[str, str]) -> None:
         """A caller asked for this node again (a racing ``ray up`` adopts the head)."""
-
-        def note(doc: dict[str, Any]) -> None:
-            doc["nodes"][node_id]["requested"] = {"tags": dict(tags), "at": time.time()}
-
-        self.update(note)
+        self._change([node_id], requested=Requested(dict(tags), time.time()))
 
     def mark_terminated(self, node_ids: Iterable[str]) -> None:
         """Ray's autoscaler let these nodes go: their steps are cancelled."""
-        ended = list(node_ids)
-
-        def mark(doc: dict[str, Any]) -> None:
-            for node_id in ended:
-                doc["nodes"][node_id]["terminated"] = True
-
-        self.update(mark)
+        self._change(node_ids, terminated=True)
 
     def add_job_nodes(
         self,
@@ -287,28 +296,27 @@ class ClusterState:
         is the successor of node ``i`` of that job. The type's node config is kept, for
         the replacements the provider submits on its own."""
 
-        def add(doc: dict[str, Any]) -> None:
+        def add(doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> None:
             doc.setdefault("node_configs", {})[node_type] = node_config
             for job, at in jobs:
                 for index in range(nodes_per_job):
-                    rec = {"slurm_job": job, "role": "worker", "tags": dict(tags), "created": at}
-                    if replaces:
-                        rec["replaces"] = elastic_node_id(replaces, index)
-                        old = doc["nodes"].get(elastic_node_id(replaces, index))
-                        if old is not None:
-                            old["successor"] = elastic_node_id(job, index)
-                    doc["nodes"][elastic_node_id(job, index)] = rec
+                    node_id = elastic_node_id(job, index)
+                    old_id = elastic_node_id(replaces, index) if replaces else ""
+                    nodes[node_id] = NodeRecord("worker", dict(tags), at, slurm_job=job, replaces=old_id)
+                    if old_id in nodes:
+                        nodes[old_id] = replace(nodes[old_id], successor=node_id)
 
         self.update(add)
 
     def forget_replacements(self, pairs: Mapping[str, str]) -> None:
         """``new -> old`` replacement pairs that failed: neither names the other any more."""
 
-        def forget(doc: dict[str, Any]) -> None:
+        def forget(_doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> None:
             for new, old in pairs.items():
-                doc["nodes"].get(new, {}).pop("replaces", None)
-                if doc["nodes"].get(old, {}).get("successor") == new:
-                    doc["nodes"][old].pop("successor")
+                if new in nodes:
+                    nodes[new] = replace(nodes[new], replaces="")
+                if old in nodes and nodes[old].successor == new:
+                    nodes[old] = replace(nodes[old], successor="")
 
         self.update(forget)
 
@@ -318,12 +326,12 @@ class ClusterState:
         record lost) is recorded as ended, so it is not adopted again."""
         again = set(requeued)
 
-        def mark(doc: dict[str, Any]) -> None:
+        def mark(_doc: dict[str, Any], nodes: dict[str, NodeRecord]) -> None:
             for job, ids in by_job.items():
                 for node_id in ids:
-                    rec = doc["nodes"].setdefault(node_id, {"slurm_job": job, "role": "worker", "tags": {}})
-                    rec["created"] = rec.get("created", time.time())
-                    rec["requeued" if job in again else "terminated"] = True
+                    rec = nodes.get(node_id) or NodeRecord("worker", {}, time.time(), slurm_job=job)
+                    ended = replace(rec, requeued=True) if job in again else replace(rec, terminated=True)
+                    nodes[node_id] = ended
 
         self.update(mark)
 
@@ -331,7 +339,7 @@ class ClusterState:
         """Node types whose job SLURM can never start (``type -> (job, reason)``): the
         provider refuses to submit them again for a while."""
 
-        def note(doc: dict[str, Any]) -> None:
+        def note(doc: dict[str, Any], _nodes: dict[str, NodeRecord]) -> None:
             for node_type, (job, reason) in refused.items():
                 doc.setdefault("refused", {})[node_type] = {"job": job, "reason": reason, "at": time.time()}
 
@@ -343,7 +351,7 @@ class ClusterState:
         checks it under the same lock and refuses, and a node whose step starts after
         it exits without starting Ray (``node_run``)."""
         if self.exists():
-            self.update(lambda doc: doc.__setitem__("stopping", time.time()))
+            self.update(lambda doc, _nodes: doc.__setitem__("stopping", time.time()))
 
     def stopping(self) -> bool:
         return bool(self.read().get("stopping"))

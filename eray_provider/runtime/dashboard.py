@@ -85,7 +85,7 @@ def find_head(state: ClusterState) -> Head:
         raise ConfigError(
             f"the head {head} of cluster {state.cluster_name!r} exited: see `eray-provider status`"
         )
-    slurm_node = state.read()["nodes"][head].get("slurm_node", "")
+    slurm_node = state.records()[head].slurm_node
     return Head(head, slurm_node, ip, plan.dashboard)
 
 
@@ -304,7 +304,7 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
 
 def _start_relay(state: ClusterState, head: Head) -> RelayClient:
     python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
-    job = str(state.read()["nodes"][head.node_id].get("slurm_job") or state.job_id)
+    job = state.records()[head.node_id].slurm_job or state.job_id
     name = step_name(state.cluster_name, f"dashboard.{os.getpid()}")
     argv = srun_argv(
         job,

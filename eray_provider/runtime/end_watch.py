@@ -233,13 +233,13 @@ def _pairs(state: ClusterState | None) -> Pairs | None:
     if state is None:
         return None
     try:
-        records = state.read()["nodes"]
+        records = state.records()
         markers = state.markers()
     except (OSError, ValueError, RuntimeError):
         return None  # the cluster being torn down
-    successors = {i: r["replaces"] for i, r in records.items() if r.get("replaces")}
+    successors = {i: r.replaces for i, r in records.items() if r.replaces}
     drained = {m[: -len(".drain")] for m in markers if m.endswith(".drain")}
-    workers = {str(r["slurm_job"]) for r in records.values() if r.get("slurm_job")}
+    workers = {r.slurm_job for r in records.values() if r.elastic}
     return Pairs(successors, drained, workers)
 
 

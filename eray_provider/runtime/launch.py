@@ -93,8 +93,8 @@ def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
 
 def head_address(state: ClusterState) -> str | None:
     plan = state.ports()
-    for node_id, rec in state.read()["nodes"].items():
-        if rec["role"] == "head" and not rec.get("terminated"):
+    for node_id, rec in state.records().items():
+        if rec.live_head:
             ip = state.read_marker(node_id, "ip")
             if ip and plan:
                 return f"{ip}:{plan.gcs}"
@@ -225,11 +225,10 @@ def start_head(
     log = head_log(state, node_id)
     with state.lock(timeout=120):
         state.check_launchable()
-        doc = state.read()
-        rec = doc["nodes"][node_id]
+        rec = state.records()[node_id]
         proc = None
-        if not rec.get("launched") or state.read_marker(node_id, "exit") is not None:
-            name = step_name(state.cluster_name, f"head.{rec['gen']}")
+        if not rec.launched or state.read_marker(node_id, "exit") is not None:
+            name = step_name(state.cluster_name, f"head.{rec.gen}")
             argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             state.mark_launched([node_id], name)
@@ -442,13 +441,10 @@ def stop_cluster(state: ClusterState) -> list[str]:
     squeue yet: until every step launched in the last ``STEP_GRACE_SECONDS`` has been
     seen (and cancelled), squeue is asked again. Raises ``SlurmCommandError`` when squeue
     or scancel cannot answer: not knowing is never taken for "nothing runs"."""
-    records = state.read()["nodes"].values()
     launched = {
-        rec["step_name"]: rec["launched"]
-        for rec in records
-        if rec.get("launched")
-        and rec.get("step_name")
-        and not (rec.get("slurm_job") or rec.get("terminated"))
+        rec.step_name: rec.launched
+        for rec in state.records().values()
+        if rec.launched and rec.step_name and not (rec.elastic or rec.terminated)
     }
     cancelled: list[str] = []
     seen: set[str] = set()
@@ -474,7 +470,7 @@ def _ended(state: ClusterState, step: str) -> bool:
     """Every node of the step recorded its exit: the step ran, so it is not one that
     squeue has yet to list."""
     markers = state.markers()
-    ids = [i for i, rec in state.read()["nodes"].items() if rec.get("step_name") == step]
+    ids = [i for i, rec in state.records().items() if rec.step_name == step]
     return bool(ids) and all(f"{i}.exit" in markers for i in ids)
 
 
@@ -485,7 +481,7 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     argument: for thousands of nodes an argument would exceed the kernel's limit."""
     per_node: dict[str, list[str]] = {}
     # nodes of other jobs (elastic workers) clean up after themselves
-    outside = {i for i, rec in state.read()["nodes"].items() if rec.get("slurm_job")}
+    outside = {i for i, rec in state.records().items() if rec.elastic}
     for name in state.markers():
         if name.endswith(".tmpdir") and name[: -len(".tmpdir")] not in outside:
             node, paths = state.temp_dirs(name[: -len(".tmpdir")])
@@ -532,16 +528,16 @@ def wait_joined(
         gone = [i for i in node_ids if f"{i}.exit" in markers]
         if gone:
             return f"node(s) {gone} exited while joining; see {state.logs}"
-        records = state.read()["nodes"]
-        ended = [i for i in node_ids if records.get(i, {}).get("terminated")]
+        records = state.records()
+        ended = [i for i in node_ids if i in records and records[i].terminated]
         return f"node(s) {ended} were terminated while joining" if ended else None
 
     progress = None
     if say is not None:
-        records = state.read()["nodes"]
+        records = state.records()
         progress = JoinProgress(
             node_ids,
-            {i: records[i].get("slurm_node", i) for i in node_ids if i in records},
+            {i: records[i].slurm_node or i for i in node_ids if i in records},
             state.markers,
             lambda i: state.read_marker(i, "exit"),
             say,
@@ -550,6 +546,6 @@ def wait_joined(
     on_poll = progress.joined if progress is not None else lambda joined: None
     missing = watch.wait(node_ids, timeout, failed, stopped, on_poll)
     if missing:
-        records = state.read()["nodes"]
-        names = sorted(records[i]["slurm_node"] if i in records else i for i in missing)
+        records = state.records()
+        names = sorted(records[i].slurm_node if i in records else i for i in missing)
         raise ClusterTimeoutError(f"node(s) {names} did not join within {timeout:.0f} s; see {state.logs}")

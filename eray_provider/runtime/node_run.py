@@ -138,7 +138,7 @@ def local_port_plan(job_id: str) -> PortPlan:
 
 def current_head(state: ClusterState) -> str | None:
     """The node id of the cluster's head: the last recorded one not terminated."""
-    heads = [i for i, r in state.read()["nodes"].items() if r["role"] == "head" and not r.get("terminated")]
+    heads = [i for i, r in state.records().items() if r.live_head]
     return heads[-1] if heads else None
 
 

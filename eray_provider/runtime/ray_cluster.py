@@ -181,7 +181,7 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     # what a connecting process takes from the cluster's environment (not its HOME)
     os.environ.update({k: client[k] for k in CLIENT_VARIABLES if k in client})
     here = node_name(env)
-    mine = [i for i, rec in state.read()["nodes"].items() if rec["slurm_node"] == here]
+    mine = [i for i, rec in state.records().items() if rec.slurm_node == here]
     return address, (state.read_marker(mine[0], "ip") if mine else None)
 
 
