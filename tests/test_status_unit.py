@@ -398,9 +398,9 @@ def test_select_picks_components_by_file_name() -> None:
 @pytest.mark.parametrize("bad", [-1, "50", True, 10**6])
 def test_collect_logs_mb_is_checked(bad) -> None:
     with pytest.raises(ClusterConfigError, match=rf"provider.collect_logs_mb .* got {bad!r}"):
-        common_provider_keys({"collect_logs_mb": bad})
-    assert common_provider_keys({})["collect_logs_mb"] == DEFAULT_CAP_MB
-    assert common_provider_keys({"collect_logs_mb": 0})["collect_logs_mb"] == 0
+        common_provider_keys({"collect_logs_mb": bad}, None)
+    assert common_provider_keys({}, None)["collect_logs_mb"] == DEFAULT_CAP_MB
+    assert common_provider_keys({"collect_logs_mb": 0}, None)["collect_logs_mb"] == 0
 
 
 def test_an_unreadable_state_dir_is_shown_and_kept(tmp_path: Path, bindir: Path, capsys) -> None:

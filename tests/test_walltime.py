@@ -106,11 +106,11 @@ def test_the_end_is_a_label_and_the_warning_a_signal() -> None:
 
 
 def test_drain_lead_is_checked() -> None:
-    assert common_provider_keys({})["drain_before_end_s"] == 300
-    assert common_provider_keys({"drain_before_end_s": 0})["drain_before_end_s"] == 0
+    assert common_provider_keys({}, None)["drain_before_end_s"] == 300
+    assert common_provider_keys({"drain_before_end_s": 0}, None)["drain_before_end_s"] == 0
     for bad in (-1, "60", True, 10**7):
         with pytest.raises(ClusterConfigError, match=f"provider.drain_before_end_s .* got {bad!r}"):
-            common_provider_keys({"drain_before_end_s": bad})
+            common_provider_keys({"drain_before_end_s": bad}, None)
 
 
 def test_replacements_are_staggered_within_a_type() -> None:

@@ -73,10 +73,8 @@ def gone_config(config: dict[str, Any], job_id: str, reason: str) -> dict[str, A
     """A valid config for a job that has ended: lets ``ray down`` and friends report the
     cluster as gone instead of failing on a missing allocation."""
     out = copy.deepcopy(config)
-    out["provider"].update({"job_id": str(job_id), "job_gone": reason, FILLED: True})
-    out["provider"]["state_dir"] = str(
-        Path(out["provider"].get("state_dir") or default_base()).expanduser().resolve()
-    )
+    provider = out["provider"]
+    provider.update(job_id=str(job_id), job_gone=reason, state_dir=state_base(provider), **{FILLED: True})
     types = {HEAD_TYPE: {"resources": {}, "node_config": {}, "min_workers": 0, "max_workers": 0}}
     set_launcher_keys(out, types, 0)
     return out
@@ -121,8 +119,15 @@ def set_launcher_keys(
 MAX_LEAD_S = 7 * 86400
 
 
-def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
-    """The provider keys of both kinds of cluster (fixed and elastic), checked."""
+def state_base(provider: dict[str, Any]) -> str:
+    """``provider.state_dir`` (default ``~/.eray-provider``), absolute: the head, whose
+    HOME is the cluster's, must find the same state."""
+    return str(Path(provider.get("state_dir") or default_base()).expanduser().resolve())
+
+
+def common_provider_keys(provider: dict[str, Any], python: str | None) -> dict[str, Any]:
+    """The provider keys of both kinds of cluster (fixed and elastic), checked; ``python``
+    overrides ``provider.python`` (default: this interpreter)."""
     value = provider.get("object_store_fraction", DEFAULT_OBJECT_STORE_FRACTION)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ClusterConfigError(f"provider.object_store_fraction must be a number in (0, 1), got {value!r}")
@@ -133,7 +138,38 @@ def common_provider_keys(provider: dict[str, Any]) -> dict[str, Any]:
             f"got {mb!r}"
         )
     lead = lead_seconds(provider, "drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS, "never drain")
-    return {"object_store_fraction": float(value), "collect_logs_mb": mb, "drain_before_end_s": lead}
+    return {
+        "state_dir": state_base(provider),
+        "python": python or provider.get("python") or sys.executable,
+        "object_store_fraction": float(value),
+        "collect_logs_mb": mb,
+        "drain_before_end_s": lead,
+        # workers are started by the provider itself (node_run), never by Ray's updaters
+        "disable_node_updaters": True,
+        "use_internal_ips": True,
+    }
+
+
+def start_filling(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of ``config`` to fill, its cluster name checked; None when it is filled
+    already (filling is idempotent: Ray calls the provider's fillout more than once)."""
+    if config.get("provider", {}).get(FILLED):
+        return None
+    check_cluster_name(config.get("cluster_name"))
+    return copy.deepcopy(config)
+
+
+def finish_filling(
+    out: dict[str, Any], provider_keys: dict[str, Any], types: dict[str, Any], n_workers: int, **launcher: Any
+) -> dict[str, Any]:
+    """Mark ``out`` filled with ``provider_keys`` and set the launcher's keys
+    (``set_launcher_keys``); returns it."""
+    provider = out["provider"]
+    provider.update({**provider_keys, FILLED: True})
+    set_launcher_keys(out, types, n_workers, **launcher)
+    # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
+    provider["worker_setup_commands"] = out["worker_setup_commands"]
+    return out
 
 
 def lead_seconds(provider: dict[str, Any], key: str, default: float, zero: str) -> float:
@@ -148,16 +184,15 @@ def lead_seconds(provider: dict[str, Any], key: str, default: float, zero: str) 
 
 def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = None) -> dict[str, Any]:
     """The launcher config for ``alloc``; idempotent on an already filled config."""
-    if config.get("provider", {}).get(FILLED):
+    out = start_filling(config)
+    if out is None:
         return config
-    check_cluster_name(config.get("cluster_name"))
-    out = copy.deepcopy(config)
     provider = out["provider"]
     try:
         max_workers = int(out.get("max_workers", -1))
     except (TypeError, ValueError) as e:
         raise ClusterConfigError(f"max_workers must be an integer, got {out.get('max_workers')!r}") from e
-    common = common_provider_keys(provider)
+    common = common_provider_keys(provider, python)
     fraction = common["object_store_fraction"]
     wait = provider.get("wait_for_workers", True)
     if not isinstance(wait, bool):
@@ -179,25 +214,13 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
     # the head keeps its pinning resource even though RAY_OVERRIDE_RESOURCES replaces its own
     assert node_resource(alloc.head.name) in head_res
 
-    provider.update(
-        {
-            "job_id": alloc.job_id,
-            # absolute, so that the head (whose HOME is the cluster's) finds the same state
-            "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
-            "allocation": alloc.to_dict(),
-            "python": python or provider.get("python") or sys.executable,
-            **common,
-            # workers are started by the provider itself in one srun per launch batch
-            "disable_node_updaters": True,
-            # a node's config is its SLURM node, which never changes: the v1 autoscaler's
-            # check would take the workers started with the head (launched before any
-            # launch hash exists) for outdated and replace them (v2's default is the same)
-            "disable_launch_config_check": True,
-            "use_internal_ips": True,
-            FILLED: True,
-        }
-    )
-    set_launcher_keys(out, types, len(alloc.workers))
-    # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
-    provider["worker_setup_commands"] = out["worker_setup_commands"]
-    return out
+    keys = {
+        **common,
+        "job_id": alloc.job_id,
+        "allocation": alloc.to_dict(),
+        # a node's config is its SLURM node, which never changes: the v1 autoscaler's
+        # check would take the workers started with the head (launched before any
+        # launch hash exists) for outdated and replace them (v2's default is the same)
+        "disable_launch_config_check": True,
+    }
+    return finish_filling(out, keys, types, len(alloc.workers))

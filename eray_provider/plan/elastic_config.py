@@ -10,22 +10,18 @@ default outside an allocation).
 
 from __future__ import annotations
 
-import copy
-import sys
-from pathlib import Path
 from typing import Any
 
 from ..slurm.allocation import Allocation
 from ..slurm.walltime import DEFAULT_REPLACE_LEAD_SECONDS, DEFAULT_STAGGER_SECONDS, check_replace_lead
 from .cluster_config import (
-    FILLED,
     ClusterConfigError,
     common_provider_keys,
+    finish_filling,
     lead_seconds,
     select_nodes,
-    set_launcher_keys,
+    start_filling,
 )
-from .names import check_cluster_name, default_base
 from .node_spec import ray_resources
 from .sbatch import SbatchRequest, SbatchRequestError
 
@@ -91,84 +87,88 @@ def fill_elastic_config(
 ) -> dict[str, Any]:
     """The launcher config; ``head_alloc`` is the head's job when it runs (else None: ``ray
     up`` will submit the head's job and complete the provider section then)."""
-    if config.get("provider", {}).get(FILLED):
+    out = start_filling(config)
+    if out is None:
         return config
-    check_cluster_name(config.get("cluster_name"))
-    out = copy.deepcopy(config)
     provider = out["provider"]
-    common = common_provider_keys(provider)
-    fraction = common["object_store_fraction"]
+    keys = elastic_provider_keys(provider, python)
+    head_type = out.get("head_node_type")
+    types_in = out.get("available_node_types")
+    if not isinstance(types_in, dict) or not isinstance(head_type, str) or head_type not in types_in:
+        raise ClusterConfigError(
+            f"head_node_type {head_type!r} must name one of available_node_types "
+            f"({sorted(types_in) if isinstance(types_in, dict) else types_in!r})"
+        )
+    fraction = keys["object_store_fraction"]
+    types: dict[str, Any] = {}
+    for name, spec in types_in.items():
+        if name == head_type:
+            types[name] = _head_type(provider, dict(spec or {}), name, head_alloc, fraction)
+        else:
+            types[name] = _worker_type(provider, dict(spec or {}), name, out.get("max_workers"), fraction)
+    total_max = sum(t["max_workers"] for t in types.values())
+    n_workers = _count(out.get("max_workers", total_max), "max_workers")
+    if head_alloc is not None:
+        keys.update(job_id=head_alloc.job_id, allocation=select_nodes(head_alloc, provider, 0).to_dict())
+    return finish_filling(out, keys, types, n_workers, head_type=head_type, elastic=True)
+
+
+def elastic_provider_keys(provider: dict[str, Any], python: str | None) -> dict[str, Any]:
+    """The provider keys of an elastic cluster, checked: the common ones, the
+    replacement and stagger leads, the pending timeout and the autoscaler's interval."""
+    common = common_provider_keys(provider, python)
     replace_lead = lead_seconds(
         provider, "replace_before_end_s", DEFAULT_REPLACE_LEAD_SECONDS, "replace once gone"
     )
     clash = check_replace_lead(replace_lead, common["drain_before_end_s"])
     if clash:
         raise ClusterConfigError(clash)
-    types_in = out.get("available_node_types")
-    head_type = out.get("head_node_type")
-    if not isinstance(types_in, dict) or not isinstance(head_type, str) or head_type not in types_in:
-        raise ClusterConfigError(
-            f"head_node_type {head_type!r} must name one of available_node_types "
-            f"({sorted(types_in) if isinstance(types_in, dict) else types_in!r})"
-        )
-    types: dict[str, Any] = {}
-    total_max = 0
-    for name, spec in types_in.items():
-        spec = dict(spec or {})
-        node_config = spec.get("node_config") or {}
-        if name == head_type:
-            if head_alloc is not None:
-                resources = ray_resources(head_alloc.head, head_alloc.job_id, fraction)
-            else:
-                resources = node_request(provider, node_config, name).resources(fraction)
-            types[name] = {
-                **spec,
-                "resources": resources,
-                "node_config": node_config,
-                "min_workers": 0,
-                "max_workers": 0,
-            }
-            continue
-        request = node_request(provider, node_config, name)
-        low = _count(spec.get("min_workers", 0), f"available_node_types.{name}.min_workers")
-        high = _count(
-            spec.get("max_workers", out.get("max_workers", low)), f"available_node_types.{name}.max_workers"
-        )
-        if high < low:
-            raise ClusterConfigError(
-                f"available_node_types.{name}: max_workers ({high}) is below min_workers ({low})"
-            )
-        total_max += high
-        types[name] = {
-            **spec,
-            # user-declared custom resources stay; CPU/GPU/memory are the request's
-            "resources": {**(spec.get("resources") or {}), **request.resources(fraction)},
-            "node_config": node_config,
-            "min_workers": low,
-            "max_workers": high,
-        }
-    n_workers = _count(out.get("max_workers", total_max), "max_workers")
-    provider.update(
-        {
-            "elastic": True,
-            "state_dir": str(Path(provider.get("state_dir") or default_base()).expanduser().resolve()),
-            "python": python or provider.get("python") or sys.executable,
-            **common,
-            "replace_before_end_s": replace_lead,
-            "end_stagger_s": lead_seconds(provider, "end_stagger_s", DEFAULT_STAGGER_SECONDS, "no stagger"),
-            "pending_timeout_s": _count(
-                provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
-            ),
-            "autoscaler_interval_s": _interval(
-                provider.get("autoscaler_interval_s", DEFAULT_AUTOSCALER_INTERVAL_S)
-            ),
-            "disable_node_updaters": True,
-            "use_internal_ips": True,
-            FILLED: True,
-        }
-    )
+    return {
+        **common,
+        "elastic": True,
+        "replace_before_end_s": replace_lead,
+        "end_stagger_s": lead_seconds(provider, "end_stagger_s", DEFAULT_STAGGER_SECONDS, "no stagger"),
+        "pending_timeout_s": _count(
+            provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
+        ),
+        "autoscaler_interval_s": _interval(
+            provider.get("autoscaler_interval_s", DEFAULT_AUTOSCALER_INTERVAL_S)
+        ),
+    }
+
+
+def _head_type(
+    provider: dict[str, Any], spec: dict[str, Any], name: str, head_alloc: Allocation | None, fraction: float
+) -> dict[str, Any]:
+    """The head's node type: the resources of its job's first node once it runs, else
+    those its sbatch request asks for; never a worker."""
+    node_config = spec.get("node_config") or {}
     if head_alloc is not None:
-        provider.update(job_id=head_alloc.job_id, allocation=select_nodes(head_alloc, provider, 0).to_dict())
-    set_launcher_keys(out, types, n_workers, head_type=head_type, elastic=True)
-    provider["worker_setup_commands"] = out["worker_setup_commands"]
-    return out
+        resources = ray_resources(head_alloc.head, head_alloc.job_id, fraction)
+    else:
+        resources = node_request(provider, node_config, name).resources(fraction)
+    return {**spec, "resources": resources, "node_config": node_config, "min_workers": 0, "max_workers": 0}
+
+
+def _worker_type(
+    provider: dict[str, Any], spec: dict[str, Any], name: str, cluster_max: Any, fraction: float
+) -> dict[str, Any]:
+    """A worker node type: its sbatch request checked, its counts checked (``max_workers``
+    defaults to the cluster's, else to ``min_workers``); the user's custom resources
+    stay, CPU/GPU/memory are the request's."""
+    node_config = spec.get("node_config") or {}
+    request = node_request(provider, node_config, name)
+    low = _count(spec.get("min_workers", 0), f"available_node_types.{name}.min_workers")
+    default_high = low if cluster_max is None else cluster_max
+    high = _count(spec.get("max_workers", default_high), f"available_node_types.{name}.max_workers")
+    if high < low:
+        raise ClusterConfigError(
+            f"available_node_types.{name}: max_workers ({high}) is below min_workers ({low})"
+        )
+    return {
+        **spec,
+        "resources": {**(spec.get("resources") or {}), **request.resources(fraction)},
+        "node_config": node_config,
+        "min_workers": low,
+        "max_workers": high,
+    }
