@@ -29,7 +29,7 @@ from ..errors import ClusterError
 ROLES = ("head", "worker")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Requested:
     """A racing ``ray up`` asked for this node again, with these tags, at ``at``: for a
     while the node also answers to them (Ray looks a new head up by exact tags)."""
@@ -38,7 +38,7 @@ class Requested:
     at: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeRecord:
     role: str
     #: Ray's tags of the node (node kind, type, status, launch config hash...)
@@ -103,16 +103,17 @@ class NodeRecord:
     def from_dict(cls, node_id: str, raw: Mapping[str, Any]) -> NodeRecord:
         """The record ``to_dict`` wrote; a ``ClusterError`` naming the node and the key for
         one that is not (a state file edited by hand, or of another version)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown or "role" not in raw:
+        if not raw.keys() <= _KNOWN or "role" not in raw:
+            unknown = sorted(set(raw) - _KNOWN)
             what = f"unknown key(s) {unknown}" if unknown else "no 'role'"
             raise ClusterError(f"the state's record of node {node_id!r} has {what}: {dict(raw)!r}")
-        values = dict(raw)
-        requested = values.get("requested")
-        if requested is not None:
-            values["requested"] = Requested(dict(requested["tags"]), float(requested["at"]))
-        return cls(**values)
+        requested = raw.get("requested")
+        if requested is None:
+            return cls(**raw)
+        return cls(**{**raw, "requested": Requested(dict(requested["tags"]), float(requested["at"]))})
+
+
+_KNOWN = frozenset(f.name for f in fields(NodeRecord))
 
 
 def parse_records(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, NodeRecord]:
