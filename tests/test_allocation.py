@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +304,17 @@ def test_one_rule_for_a_node_shared_by_two_components() -> None:
         "SLURM_GPUS_PER_NODE_HET_GROUP_1": "v100:2",
     }
     assert shares(allocation_from_env(env)) == [("n1", 3, 3, None, None)]
+
+
+@pytest.mark.parametrize(
+    ("good", "bad", "said"),
+    [
+        ("NodeList=node[1-3]", "NodeList=node[3-", "NodeList='node[3-'"),
+        ("Nodes=node[1-3] ", "Nodes=node[1- ", "Nodes='node[1-'"),
+    ],
+)
+def test_scontrol_hostlist_that_does_not_parse_names_its_key(good: str, bad: str, said: str) -> None:
+    text = (DATA / "typed_job.scontrol").read_text()
+    assert good in text
+    with pytest.raises(AllocationError, match=re.escape(f"scontrol {said}: ")):
+        parse_job(text.replace(good, bad))

@@ -197,45 +197,11 @@ def parse_job(text: str, job_id: str | None = None) -> Allocation:
     job_id = first.get("HetJobId") or first.get("JobId")
     if not job_id:
         raise AllocationError(f"scontrol output has no JobId: {records[0][:200]!r}")
-
-    nodes: dict[str, NodeShare] = {}
-    for fields, record in parsed:
-        state = fields.get("JobState", "")
-        shares: list[NodeShare] = []
-        for line in record.splitlines():
-            line_fields = parse_fields(line)
-            if "CPU_IDs" not in line_fields or "Nodes" not in line_fields:
-                continue
-            try:
-                names = expand(line_fields["Nodes"])
-            except HostlistError as e:
-                raise AllocationError(f"scontrol Nodes={line_fields['Nodes']!r}: {e}") from e
-            cpus = len(_int_list(line_fields["CPU_IDs"]))
-            memory = _memory_mb(line_fields.get("Mem", "0"))
-            gpu_type, gpus, ids = _gres_gpus(line_fields.get("GRES", ""))
-            shares += [NodeShare(name, cpus, gpus, gpu_type if gpus else None, memory, ids) for name in names]
-        counts = _cpu_counts(fields, job_id, {s.name: s.cpus for s in shares})
-        for share in shares:
-            share = replace(share, cpus=counts[share.name])
-            prev = nodes.get(share.name)
-            if prev is not None:  # the same node in two components
-                share = add_shares(prev, share)
-            nodes[share.name] = share
-        if not nodes and state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
-            # a pending or ended job holds no nodes: say so rather than fail obscurely
-            err = JobGoneError if state not in ("PENDING", "CONFIGURING", "") else AllocationError
-            raise err(f"job {job_id} is {state or 'in an unknown state'}: it holds no nodes")
-
-    # order of the job's NodeList, which is node-list order
-    order = expand(first.get("NodeList", "")) if first.get("NodeList") not in (None, "(null)") else []
-    for fields, _ in parsed[1:]:
-        order += [n for n in expand(fields.get("NodeList", "")) if n not in order]
-    if not nodes:
-        raise AllocationError(f"scontrol shows no node detail lines for job {job_id} (use -d)")
+    nodes = _job_nodes(parsed, job_id)
+    order = _node_order([fields for fields, _ in parsed])
     missing = [n for n in order if n not in nodes]
     if missing:
         raise AllocationError(f"job {job_id}: no detail line for nodes {missing}")
-    ordered = [nodes[n] for n in order] + [v for k, v in nodes.items() if k not in order]
     try:
         end = parse_timestamp(first.get("EndTime", ""))
         limit = parse_duration(first.get("TimeLimit", ""))
@@ -243,13 +209,69 @@ def parse_job(text: str, job_id: str | None = None) -> Allocation:
         raise AllocationError(f"job {job_id}: {e}") from e
     return Allocation(
         job_id=job_id,
-        nodes=tuple(ordered),
+        nodes=tuple([nodes[n] for n in order] + [v for k, v in nodes.items() if k not in order]),
         partition=first.get("Partition"),
         source="scontrol",
         state=first.get("JobState"),
         end_time=end,
         time_limit_s=limit,
     )
+
+
+def _job_nodes(parsed: list[tuple[dict[str, str], str]], job_id: str) -> dict[str, NodeShare]:
+    """Every node of the job's components with what it holds, a node in two components
+    holding both shares (``add_shares``); an ``AllocationError`` for a job that holds no
+    node (``JobGoneError`` when it has ended)."""
+    nodes: dict[str, NodeShare] = {}
+    for fields, record in parsed:
+        shares = _detail_shares(record)
+        counts = _cpu_counts(fields, job_id, {s.name: s.cpus for s in shares})
+        for share in shares:
+            share = replace(share, cpus=counts[share.name])
+            prev = nodes.get(share.name)
+            nodes[share.name] = add_shares(prev, share) if prev is not None else share
+        state = fields.get("JobState", "")
+        if not nodes and state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+            # a pending or ended job holds no nodes: say so rather than fail obscurely
+            err = JobGoneError if state not in ("PENDING", "CONFIGURING", "") else AllocationError
+            raise err(f"job {job_id} is {state or 'in an unknown state'}: it holds no nodes")
+    if not nodes:
+        raise AllocationError(f"scontrol shows no node detail lines for job {job_id} (use -d)")
+    return nodes
+
+
+def _detail_shares(record: str) -> list[NodeShare]:
+    """The shares of one record's node detail lines (``-d``: ``Nodes=... CPU_IDs=...
+    Mem=... GRES=...``), one per node they name."""
+    shares: list[NodeShare] = []
+    for line in record.splitlines():
+        fields = parse_fields(line)
+        if "CPU_IDs" not in fields or "Nodes" not in fields:
+            continue
+        cpus = len(_int_list(fields["CPU_IDs"]))
+        memory = _memory_mb(fields.get("Mem", "0"))
+        gpu_type, gpus, ids = _gres_gpus(fields.get("GRES", ""))
+        for name in _expand(fields["Nodes"], "Nodes"):
+            shares.append(NodeShare(name, cpus, gpus, gpu_type if gpus else None, memory, ids))
+    return shares
+
+
+def _node_order(components: list[dict[str, str]]) -> list[str]:
+    """The job's nodes in ``NodeList`` order (the head is the first), then those only a
+    later component names."""
+    order: list[str] = []
+    for fields in components:
+        listed = fields.get("NodeList", "")
+        if listed and listed != "(null)":
+            order += [n for n in _expand(listed, "NodeList") if n not in order]
+    return order
+
+
+def _expand(text: str, key: str) -> list[str]:
+    try:
+        return expand(text)
+    except HostlistError as e:
+        raise AllocationError(f"scontrol {key}={text!r}: {e}") from e
 
 
 def parse_config(text: str) -> dict[str, str]:
