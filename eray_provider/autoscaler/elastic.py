@@ -36,11 +36,10 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from ..plan.cluster_config import FILLED, ClusterConfigError, gone_config, select_nodes
+from ..plan.cluster_config import ClusterConfigError, select_nodes
 from ..plan.elastic_config import fill_elastic_config, head_mode, node_request
 from ..plan.environment import launched_head_of
 from ..plan.names import (
-    check_cluster_name,
     head_job_name,
     is_head_job,
     parse_worker_job_name,
@@ -50,13 +49,12 @@ from ..plan.node_record import NodeRecord
 from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
 from ..runtime.launch import node_env
-from ..runtime.ray_compat import cli_logger, require_supported_ray
+from ..runtime.ray_compat import cli_logger
 from ..runtime.slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, requeue_job, submit
 from ..slurm.allocation import AllocationError, JobGoneError
 from ..slurm.client import (
     SlurmCommandError,
     known_cluster_name,
-    load_allocation,
     requeue_state,
     scontrol_job,
     slurm_timeout,
@@ -76,8 +74,7 @@ from ..slurm.walltime import (
     parse_timestamp,
     worker_lead,
 )
-from .config_cache import cache_path
-from .provider import Answers, SlurmNodeProvider
+from .provider import Answers, SlurmNodeProvider, gone_cluster, running_allocation, start_fillout
 from .views import LiveView, Memo, ReadOnlyTags
 
 logger = logging.getLogger(__name__)
@@ -151,12 +148,10 @@ class SlurmJobProvider(SlurmNodeProvider):
     # ------------------------------------------------------------------ config
     @staticmethod
     def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
-        require_supported_ray()
-        provider = cluster_config["provider"]
-        if provider.get(FILLED):
+        cache = start_fillout(cluster_config)
+        if cache is None:
             return cluster_config
-        check_cluster_name(cluster_config.get("cluster_name"))
-        cache = cache_path(cluster_config)  # Ray's key: the config as Ray hashed it
+        provider = cluster_config["provider"]
         env_job = job_id_from_env(os.environ)
         mode = head_mode(provider, env_job is not None)
         job = provider.get("job_id") or (env_job if mode == "allocation" else None)
@@ -168,14 +163,9 @@ class SlurmJobProvider(SlurmNodeProvider):
         head_alloc = None
         if job is not None:
             try:
-                head_alloc = load_allocation(str(job))
-                if head_alloc.state not in (None, "RUNNING"):
-                    raise JobGoneError(f"job {head_alloc.job_id} is {head_alloc.state}")
+                head_alloc = running_allocation(str(job))
             except JobGoneError as e:
-                logger.warning("%s: the cluster on it is gone", e)
-                gone = gone_config(cluster_config, str(job), str(e))
-                gone["provider"]["_eray_cache_path"] = cache
-                return gone
+                return gone_cluster(cluster_config, str(job), e, cache)
         filled = fill_elastic_config(cluster_config, head_alloc)
         filled["provider"].update(
             job_id_from_config=bool(provider.get("job_id")), head_job_owned=head_owned, _eray_cache_path=cache

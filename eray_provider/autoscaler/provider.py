@@ -32,6 +32,7 @@ from ray.autoscaler.tags import (
 )
 
 from ..plan.cluster_config import FILLED, fill_config, gone_config
+from ..plan.names import check_cluster_name
 from ..plan.node_record import NodeRecord
 from ..plan.node_spec import worker_types
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError
@@ -72,6 +73,35 @@ REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
 #: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
 Answers = dict[str, tuple[ReadOnlyTags, bool]]
+
+
+def start_fillout(cluster_config: dict[str, Any]) -> str | None:
+    """Both providers' first step of Ray's fillout: this Ray is one we support, the
+    cluster's name is valid; None when the config is filled already, else the path of
+    Ray's config cache for it (Ray's key: the config as Ray hashed it, before filling)."""
+    require_supported_ray()
+    if cluster_config["provider"].get(FILLED):
+        return None
+    check_cluster_name(cluster_config.get("cluster_name"))
+    return cache_path(cluster_config)
+
+
+def running_allocation(job: str | None) -> Allocation:
+    """The allocation of ``job`` (None: the one this runs in); ``JobGoneError`` when it
+    holds no nodes any more, or SLURM says it is in a state other than running."""
+    alloc = load_allocation(job)
+    if alloc.state not in (None, "RUNNING"):
+        raise JobGoneError(f"job {alloc.job_id} is {alloc.state}")
+    return alloc
+
+
+def gone_cluster(cluster_config: dict[str, Any], job: str, error: JobGoneError, cache: str) -> dict[str, Any]:
+    """The config of a cluster whose job has ended (``gone_config``): ``ray down`` and
+    friends then report it gone rather than fail."""
+    logger.warning("%s: the cluster on it is gone", error)
+    filled = gone_config(cluster_config, job, str(error))
+    filled["provider"]["_eray_cache_path"] = cache
+    return filled
 
 
 def _unlink_quietly(path: str) -> None:
@@ -149,22 +179,15 @@ class SlurmNodeProvider(NodeProvider):
     @staticmethod
     def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
         """Called by Ray before validation: fill node types from the SLURM allocation."""
-        require_supported_ray()
-        provider = cluster_config["provider"]
-        if provider.get(FILLED):
+        cache = start_fillout(cluster_config)
+        if cache is None:
             return cluster_config
-        cache = cache_path(cluster_config)  # Ray's key: the config as Ray hashed it
-        job = provider.get("job_id")
+        job = cluster_config["provider"].get("job_id")
         try:
-            alloc = load_allocation(str(job) if job is not None else None)
-            if alloc.state not in (None, "RUNNING"):
-                raise JobGoneError(f"job {alloc.job_id} is {alloc.state}")
+            alloc = running_allocation(str(job) if job is not None else None)
         except JobGoneError as e:
-            logger.warning("%s: the cluster on it is gone", e)
-            job_id = str(job) if job is not None else job_id_from_env(os.environ)
-            filled = gone_config(cluster_config, str(job_id), str(e))
-        else:
-            filled = fill_config(cluster_config, alloc)
+            return gone_cluster(cluster_config, str(job or job_id_from_env(os.environ)), e, cache)
+        filled = fill_config(cluster_config, alloc)
         filled["provider"].update(job_id_from_config=job is not None, _eray_cache_path=cache)
         return filled
 
