@@ -277,11 +277,11 @@ def test_srun_of_eray_provider_run_starts_one_cluster_from_the_first_task(monkey
 
     started: list[str] = []
 
-    def load_allocation(*a, **k):
+    def running_allocation(*a, **k):
         started.append("load")
         raise AllocationError("stop here")
 
-    monkeypatch.setattr(batch, "load_allocation", load_allocation)
+    monkeypatch.setattr(batch, "running_allocation", running_allocation)
     # srun --ntasks-per-node=2 eray-provider run: tasks 0 and 1 both on the first node
     for procid in ("1", "0"):
         for key, value in rank_env(int(procid), "gpu07", int(procid)).items():
@@ -309,3 +309,17 @@ def test_what_a_node_and_a_task_read_of_themselves(monkeypatch) -> None:
         slurm_env.node_index({"SLURM_NODEID": "x"})
     with pytest.raises(AllocationError, match=r"SLURM_STEP_ID is not set"):
         slurm_env.step_instance({})
+
+
+def test_eray_provider_run_of_a_command_not_found_starts_nothing(monkeypatch) -> None:
+    from eray_provider.errors import ConfigError
+    from eray_provider.runtime import batch
+
+    def running_allocation(*a, **k):
+        raise AssertionError("a cluster was started for a command that cannot run")
+
+    monkeypatch.setattr(batch, "running_allocation", running_allocation)
+    with pytest.raises(ConfigError, match="the command 'no-such-command-eray' is not found"):
+        batch.run(["no-such-command-eray", "--flag"])
+    with pytest.raises(ConfigError, match="needs a command"):
+        batch.run([])

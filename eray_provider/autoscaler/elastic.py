@@ -56,6 +56,7 @@ from ..slurm.client import (
     SlurmCommandError,
     known_cluster_name,
     requeue_state,
+    running_allocation,
     scontrol_job,
     slurm_timeout,
 )
@@ -74,7 +75,7 @@ from ..slurm.walltime import (
     parse_timestamp,
     worker_lead,
 )
-from .provider import Answers, SlurmNodeProvider, gone_cluster, running_allocation, start_fillout
+from .provider import Answers, SlurmNodeProvider, gone_cluster, start_fillout
 from .views import LiveView, Memo, ReadOnlyTags
 
 logger = logging.getLogger(__name__)

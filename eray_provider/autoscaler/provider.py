@@ -51,7 +51,7 @@ from ..runtime.launch import (
 from ..runtime.process_identity import signal_command
 from ..runtime.ray_compat import cli_logger, require_supported_ray
 from ..slurm.allocation import Allocation, AllocationError, JobGoneError
-from ..slurm.client import SlurmCommandError, known_cluster_name, load_allocation, slurm_timeout
+from ..slurm.client import SlurmCommandError, known_cluster_name, running_allocation, slurm_timeout
 from ..slurm.env import job_id_from_env
 from ..slurm.srun import cancel_steps, job_state, list_steps, run_step, srun_argv
 from .command_runner import SrunCommandRunner
@@ -84,15 +84,6 @@ def start_fillout(cluster_config: dict[str, Any]) -> str | None:
         return None
     check_cluster_name(cluster_config.get("cluster_name"))
     return cache_path(cluster_config)
-
-
-def running_allocation(job: str | None) -> Allocation:
-    """The allocation of ``job`` (None: the one this runs in); ``JobGoneError`` when it
-    holds no nodes any more, or SLURM says it is in a state other than running."""
-    alloc = load_allocation(job)
-    if alloc.state not in (None, "RUNNING"):
-        raise JobGoneError(f"job {alloc.job_id} is {alloc.state}")
-    return alloc
 
 
 def gone_cluster(cluster_config: dict[str, Any], job: str, error: JobGoneError, cache: str) -> dict[str, Any]:

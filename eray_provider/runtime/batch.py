@@ -14,21 +14,21 @@ end of the time limit) are passed to COMMAND and the cluster is torn down the sa
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ErayError
 from ..plan.cluster_config import fill_config
 from ..plan.node_spec import worker_types
 from ..slurm.allocation import Allocation, AllocationError
-from ..slurm.client import SlurmCommandError, known_cluster_name, load_allocation
+from ..slurm.client import known_cluster_name, running_allocation
 from ..slurm.env import in_srun_step, node_name, task_index
-from .cluster_state import ClusterState, ClusterStoppingError
+from .cluster_state import ClusterState
 from .launch import (
-    LaunchError,
     TeardownError,
     ensure_port_plan,
     head_log,
@@ -110,15 +110,15 @@ def run(
 ) -> int:
     if not command:
         raise ConfigError("eray-provider run needs a command after --")
+    if shutil.which(command[0]) is None:  # before a cluster is started for nothing
+        raise ConfigError(f"eray-provider run: the command {command[0]!r} is not found or not executable")
     # under srun (several tasks on the first node too) only the step's first task builds
     # the cluster; the batch step is one task with SLURM_PROCID 0
     procid = task_index(os.environ)
     if in_srun_step(os.environ) and procid != 0:
         _log(f"task {procid} on {node_name(os.environ)}: the step's first task runs the cluster")
         return 0
-    alloc = load_allocation()
-    if alloc.state not in (None, "RUNNING"):
-        raise AllocationError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
+    alloc = running_allocation()
     provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
     state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
     if state.exists():
@@ -141,10 +141,16 @@ def run(
         _log(f"running {' '.join(command)}")
         # this process runs on the job's first node, the head's
         head_id = next(i for i, rec in state.records().items() if rec.role == "head")
-        proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
+        try:
+            proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
+        except OSError as e:
+            raise ConfigError(f"cannot run the command {command[0]!r}: {e.strerror or e}") from e
         code = proc.wait()
         _log(f"command exited {code}")
-    except (LaunchError, AllocationError, TimeoutError, SlurmCommandError, ClusterStoppingError) as e:
+    except ConfigError as e:
+        _log(f"error: {e}")
+        code = 2
+    except ErayError as e:
         _log(f"error: {e}")
     finally:
         try:

@@ -204,6 +204,15 @@ def load_allocation(
     return allocation_from_env(env)
 
 
+def running_allocation(job_id: str | None = None) -> Allocation:
+    """``load_allocation`` of a job that runs: ``JobGoneError`` when it holds no nodes
+    any more, or SLURM says it is in a state other than running (completing, suspended)."""
+    alloc = load_allocation(job_id)
+    if alloc.state not in (None, "RUNNING"):
+        raise JobGoneError(f"job {alloc.job_id} is {alloc.state}, not RUNNING")
+    return alloc
+
+
 def _with_env_details(alloc: Allocation, env: Mapping[str, str]) -> Allocation:
     """scontrol knows no cluster name and sometimes no GPU type: take them from the env."""
     cluster = env.get("SLURM_CLUSTER_NAME")
