@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 
+from eray_provider.errors import ConfigError
 from eray_provider.plan.cluster_config import fill_config
 from eray_provider.plan.ports import choose_plan
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
@@ -92,8 +93,10 @@ def test_a_hung_command_times_out_per_try(bindir: Path, monkeypatch: pytest.Monk
 def test_bad_retry_settings_name_the_variable(bindir: Path, monkeypatch, name: str, value: str) -> None:
     fake(bindir, "squeue", "true\n")
     monkeypatch.setenv(name, value)
-    with pytest.raises(SlurmCommandError, match=f"{name}='{value}'"):
+    with pytest.raises(ConfigError, match=f"{name}='{value}'") as raised:
         run_slurm(["squeue"])
+    # a setting, not a failed command: code that rides out SLURM failures must not hide it
+    assert not isinstance(raised.value, SlurmCommandError)
 
 
 def test_node_ids_of_10000_nodes_fit_in_a_few_bytes() -> None:

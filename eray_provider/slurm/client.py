@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from ..errors import ClusterError
+from ..errors import ClusterError, ConfigError
 from .allocation import Allocation, AllocationError, JobGoneError
 from .env import allocation_from_env, job_id_from_env
 from .scontrol import (
@@ -75,7 +75,9 @@ def _env_number(name: str, default: float, kind: type[float] | type[int] = float
     except ValueError:
         number = 0
     if number <= 0:
-        raise SlurmCommandError(f"{name}={value!r} is not a positive {kind.__name__}")
+        # a setting, not a failed command: callers that keep going when SLURM fails must
+        # not swallow it
+        raise ConfigError(f"{name}={value!r} is not a positive {kind.__name__}")
     return number
 
 
