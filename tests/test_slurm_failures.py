@@ -21,7 +21,7 @@ from eray_provider.plan.ports import choose_plan
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
 from eray_provider.runtime.launch import TeardownError, encode_node_ids, teardown
 from eray_provider.runtime.node_run import NodeRunError, node_id_from
-from eray_provider.slurm.allocation import Allocation, NodeShare
+from eray_provider.slurm.allocation import Allocation, AllocationError, NodeShare
 from eray_provider.slurm.client import SlurmAnswerError, SlurmCommandError, run_slurm
 from eray_provider.slurm.srun import list_steps
 
@@ -194,3 +194,41 @@ def test_teardown_cancels_then_removes_the_state(bindir: Path, tmp_path: Path) -
     assert listing.read_text() == "77.2 eray.cc.head.1\n"  # another cluster's step is left alone
     assert not state.dir.exists()
     assert "--nodelist=n1" in srun_log.read_text() and "cleanup.sh" in srun_log.read_text()
+
+
+def test_a_yaml_naming_an_ended_job_is_no_stale_cache_inside_another_job(
+    bindir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ray down`` of a YAML with ``provider.job_id`` of a job that has ended, typed inside
+    another allocation: the cluster is reported gone, not refused as another job's cache."""
+    from ray.autoscaler._private.util import prepare_config
+
+    from eray_provider.autoscaler.config_cache import write_private
+    from eray_provider.autoscaler.provider import SlurmNodeProvider
+
+    fake(bindir, "scontrol", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
+    monkeypatch.setenv("SLURM_JOB_ID", "456")
+    user = {
+        "cluster_name": "gone",
+        "max_workers": 0,
+        "provider": {
+            "type": "external",
+            "module": "eray_provider.SlurmNodeProvider",
+            "job_id": 123,
+            "state_dir": str(tmp_path / "state"),
+        },
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+    }
+    filled = SlurmNodeProvider.fillout_available_node_types_resources(prepare_config(user))
+    provider = filled["provider"]
+    assert "job 123" in provider["job_gone"] and provider["job_id_from_config"] is True
+    provider["_config_cache_path"] = cache = str(tmp_path / "ray-config-cache")
+    write_private(cache, filled)
+    SlurmNodeProvider(provider, "gone")  # the cache is the YAML's own job's: accepted
+    assert Path(cache).exists()
+    # a config bootstrapped for the job this runs in, read in another job, is stale
+    stale = {**provider, "job_id": "789", "job_id_from_config": False}
+    with pytest.raises(AllocationError, match="is for job 789, but this is job 456"):
+        SlurmNodeProvider(stale, "gone")

@@ -323,3 +323,9 @@ def test_eray_provider_run_of_a_command_not_found_starts_nothing(monkeypatch) ->
         batch.run(["no-such-command-eray", "--flag"])
     with pytest.raises(ConfigError, match="needs a command"):
         batch.run([])
+    # under srun, a task other than the first returns at once: the command (a path that
+    # may exist on the first node only) is the first task's to check
+    for key, value in rank_env(1, "gpu07", 1).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    assert batch.run(["no-such-command-eray"]) == 0

@@ -88,10 +88,12 @@ def start_fillout(cluster_config: dict[str, Any]) -> str | None:
 
 def gone_cluster(cluster_config: dict[str, Any], job: str, error: JobGoneError, cache: str) -> dict[str, Any]:
     """The config of a cluster whose job has ended (``gone_config``): ``ray down`` and
-    friends then report it gone rather than fail."""
+    friends then report it gone rather than fail. ``job_id_from_config`` as for a running
+    job: a YAML naming the job is never taken for a stale cache of another one."""
     logger.warning("%s: the cluster on it is gone", error)
     filled = gone_config(cluster_config, job, str(error))
-    filled["provider"]["_eray_cache_path"] = cache
+    from_config = cluster_config["provider"].get("job_id") is not None
+    filled["provider"].update(job_id_from_config=from_config, _eray_cache_path=cache)
     return filled
 
 

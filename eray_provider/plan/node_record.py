@@ -101,12 +101,14 @@ class NodeRecord:
 
     @classmethod
     def from_dict(cls, node_id: str, raw: Mapping[str, Any]) -> NodeRecord:
-        """The record ``to_dict`` wrote; a ``ClusterError`` naming the node and the key for
-        one that is not (a state file edited by hand, or of another version)."""
-        if not raw.keys() <= _KNOWN or "role" not in raw:
-            unknown = sorted(set(raw) - _KNOWN)
-            what = f"unknown key(s) {unknown}" if unknown else "no 'role'"
-            raise ClusterError(f"the state's record of node {node_id!r} has {what}: {dict(raw)!r}")
+        """The record ``to_dict`` wrote. Keys it does not know (a state file of another
+        version) are left out rather than refused: one odd record must not stop every
+        autoscaler round of the cluster. A record without a role is a ``ClusterError``
+        naming the node."""
+        if "role" not in raw:
+            raise ClusterError(f"the state's record of node {node_id!r} has no 'role': {dict(raw)!r}")
+        if not raw.keys() <= _KNOWN:
+            raw = {k: v for k, v in raw.items() if k in _KNOWN}
         requested = raw.get("requested")
         if requested is None:
             return cls(**raw)

@@ -110,14 +110,14 @@ def run(
 ) -> int:
     if not command:
         raise ConfigError("eray-provider run needs a command after --")
-    if shutil.which(command[0]) is None:  # before a cluster is started for nothing
-        raise ConfigError(f"eray-provider run: the command {command[0]!r} is not found or not executable")
     # under srun (several tasks on the first node too) only the step's first task builds
     # the cluster; the batch step is one task with SLURM_PROCID 0
     procid = task_index(os.environ)
     if in_srun_step(os.environ) and procid != 0:
         _log(f"task {procid} on {node_name(os.environ)}: the step's first task runs the cluster")
         return 0
+    if shutil.which(command[0]) is None:  # before a cluster is started for nothing
+        raise ConfigError(f"eray-provider run: the command {command[0]!r} is not found or not executable")
     alloc = running_allocation()
     provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
     state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
@@ -150,7 +150,7 @@ def run(
     except ConfigError as e:
         _log(f"error: {e}")
         code = 2
-    except ErayError as e:
+    except (ErayError, TimeoutError) as e:  # TimeoutError: the state's lock (filelock)
         _log(f"error: {e}")
     finally:
         try:

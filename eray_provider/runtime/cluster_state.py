@@ -204,9 +204,9 @@ class ClusterState:
 
     def records(self) -> Mapping[str, NodeRecord]:
         """The node records by id, typed (``plan.node_record``); parsed once per document
-        read, so the same object is returned while the file is unchanged (the
-        autoscaler's views are keyed by its identity). Do not mutate it: change records
-        through the named transitions below."""
+        read, so the same object is returned while the document stays cached (the
+        autoscaler's views are keyed by its identity; ``lock()`` and a changed file make
+        a new one). Do not mutate it: change records through the named transitions."""
         doc = self.read()
         if self._records is None or self._records[0] is not doc:
             self._records = (doc, parse_records(doc["nodes"]))
