@@ -158,6 +158,19 @@ def test_before_squeue_answers_launched_nodes_are_not_reported_terminated(
     assert not provider.state.records()["n2.2"].terminated
 
 
+def test_a_node_answers_its_tag_filters_and_for_a_while_the_tags_it_was_requested_with(
+    bindir: Path, tmp_path: Path
+) -> None:
+    fake(bindir, "squeue", "echo '77.0 eray.c.head.1'; echo '77.1 eray.c.worker.2'\n")
+    provider, _ = _provider(tmp_path)
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "worker"}) == ["n2.2"]
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "head", "other": "x"}) == []
+    # a racing `ray up` looks the head up by the tags it asked for
+    provider.state.mark_requested("n1.1", {TAG_RAY_NODE_KIND: "head", "other": "x"})
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "head", "other": "x"}) == ["n1.1"]
+    assert provider.node_tags("n1.1") == {TAG_RAY_NODE_KIND: "head"}  # its own tags stay
+
+
 def test_squeues_answer_decides_once_it_comes(bindir: Path, tmp_path: Path) -> None:
     fake(bindir, "squeue", "echo '77.0 eray.c.head.1'\n")  # the worker's step has ended
     provider, _ = _provider(tmp_path)

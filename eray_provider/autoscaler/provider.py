@@ -33,7 +33,7 @@ from ray.autoscaler.tags import (
 
 from ..plan.cluster_config import FILLED, fill_config, gone_config
 from ..plan.names import check_cluster_name
-from ..plan.node_record import NodeRecord
+from ..plan.node_record import NodeRecord, tags_match
 from ..plan.node_spec import worker_types
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError
 from ..runtime.launch import (
@@ -272,8 +272,11 @@ class SlurmNodeProvider(NodeProvider):
         return [
             i
             for i, (tags, _) in answers.items()
-            if (records[i] if i in records else NodeRecord("worker", tags)).answers_to(
-                tag_filters, now, REQUESTED_TAGS_SECONDS
+            # a node without a record (an adopted elastic worker) has its answered tags only
+            if (
+                records[i].answers_to(tag_filters, now, REQUESTED_TAGS_SECONDS)
+                if i in records
+                else tags_match(tags, tag_filters)
             )
         ]
 

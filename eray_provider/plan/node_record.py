@@ -85,10 +85,10 @@ class NodeRecord:
     def answers_to(self, tag_filters: Mapping[str, str], now: float, requested_for: float) -> bool:
         """Its tags match ``tag_filters``; so do, for ``requested_for`` seconds, the tags
         it was last requested with."""
-        candidates = [self.tags]
-        if self.requested is not None and now - self.requested.at < requested_for:
-            candidates.append(self.requested.tags)
-        return any(all(t.get(k) == v for k, v in tag_filters.items()) for t in candidates)
+        if tags_match(self.tags, tag_filters):
+            return True
+        asked = self.requested
+        return asked is not None and now - asked.at < requested_for and tags_match(asked.tags, tag_filters)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "tags": dict(self.tags), "created": self.created}
@@ -116,6 +116,11 @@ class NodeRecord:
 
 
 _KNOWN = frozenset(f.name for f in fields(NodeRecord))
+
+
+def tags_match(tags: Mapping[str, str], tag_filters: Mapping[str, str]) -> bool:
+    """Every filter's tag has its value in ``tags``."""
+    return all(tags.get(k) == v for k, v in tag_filters.items())
 
 
 def parse_records(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, NodeRecord]:
