@@ -62,11 +62,12 @@ def test_wildcard_binds_of_the_clusters_ports_go_to_the_node_and_loopback_follow
 def test_env_and_ranges() -> None:
     other = plan_for_block("8", 43008)
     # whole blocks but the dashboard's port (it binds the address it is given)
-    assert port_ranges([PLAN, other, PLAN]) == "40960-40960,40962-41215,43008-43008,43010-43263"
+    assert port_ranges([PLAN, other, PLAN]) == "40960,40962-41215,43008,43010-43263"
     assert PLAN.dashboard == 40961 and other.dashboard == 43009
     env = bind_env("/x/shim.so", "10.0.0.5", [PLAN], {"LD_PRELOAD": "/usr/lib/libfoo.so"})
     assert env["LD_PRELOAD"] == "/x/shim.so /usr/lib/libfoo.so"
-    assert env["ERAY_BIND_ADDRESS"] == "10.0.0.5" and env["ERAY_BIND_PORTS"] == "40960-40960,40962-41215"
+    assert env["ERAY_BIND_ADDRESS"] == "10.0.0.5" and env["ERAY_BIND_PORTS"] == "40960,40962-41215"
+    assert env["ERAY_HELD_PORTS"] == "40960-41215"  # the whole block, on loopback
 
 
 def test_the_shim_reads_its_environment_once_at_load() -> None:

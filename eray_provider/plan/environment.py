@@ -49,6 +49,8 @@ USER_SETUP_HOOK = "ERAY_USER_SETUP_HOOK"
 # node_run -> the bind shim (read by bindshim.c)
 BIND_ADDRESS = "ERAY_BIND_ADDRESS"
 BIND_PORTS = "ERAY_BIND_PORTS"
+#: the port ranges node_run holds on loopback (``runtime.loopback_hold``)
+HELD_PORTS = "ERAY_HELD_PORTS"
 #: where ``hide_slurm`` moves ``SLURM_*``
 HIDDEN_SLURM = "ERAY_SLURM_"
 ROLES = ("head", "worker")

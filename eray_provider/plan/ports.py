@@ -314,3 +314,24 @@ def job_coordinator_port(job_id: str) -> int:
     if not str(job_id).isdigit():
         raise ConfigError(f"job_id must be a decimal SLURM job id, got {job_id!r}")
     return COORDINATOR_FIRST + int(job_id) % COORDINATOR_COUNT
+
+
+def ranges_text(ranges: Iterable[tuple[int, int]]) -> str:
+    """``lo-hi,...`` (a single port as ``p``): the form the bind shim reads, and messages."""
+    return ",".join(f"{lo}-{hi}" if hi != lo else str(lo) for lo, hi in ranges)
+
+
+def port_runs(ports: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted ports as runs of consecutive ones: ``[1, 2, 3, 7]`` -> ``[(1, 3), (7, 7)]``."""
+    runs: list[tuple[int, int]] = []
+    for p in sorted(set(ports)):
+        if runs and runs[-1][1] == p - 1:
+            runs[-1] = (runs[-1][0], p)
+        else:
+            runs.append((p, p))
+    return runs
+
+
+def block_ranges(plans: Iterable[PortPlan]) -> list[tuple[int, int]]:
+    """The whole blocks of the given plans, each once, in order."""
+    return list(dict.fromkeys((p.block_start, p.block_start + BLOCK - 1) for p in plans))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import ClusterError
-from ..plan.environment import BIND_ADDRESS, BIND_PORTS
+from ..plan.environment import BIND_ADDRESS, BIND_PORTS, HELD_PORTS
 from ..plan.modules import BIND_SHIM
-from ..plan.ports import BLOCK, PortPlan
+from ..plan.ports import BLOCK, PortPlan, block_ranges, ranges_text
 
 
 class BindShimError(ClusterError):
@@ -35,18 +35,20 @@ def port_ranges(plans: Iterable[PortPlan]) -> str:
     whose JAX ports a coordinator on this node may bind), without the dashboard's port: the
     dashboard binds the address it is given, and with ``dashboard_host: 127.0.0.1`` its
     loopback clients must not be sent elsewhere."""
-    ranges: list[str] = []
+    ranges: list[tuple[int, int]] = []
     for plan in plans:
         end = plan.block_start + BLOCK - 1
         for lo, hi in ((plan.block_start, plan.dashboard - 1), (plan.dashboard + 1, end)):
             if lo <= hi:
-                ranges.append(f"{lo}-{hi}")
-    return ",".join(dict.fromkeys(ranges))
+                ranges.append((lo, hi))
+    return ranges_text(dict.fromkeys(ranges))
 
 
-def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, str]) -> dict[str, str]:
+def bind_env(shim: str, ip: str, plans: Sequence[PortPlan], env: Mapping[str, str]) -> dict[str, str]:
     """Variables that preload the shim for ``ip`` and the plans' ports (after any preload
-    the environment already has). Ray then skips its own jemalloc preload.
+    the environment already has). Ray then skips its own jemalloc preload. The plans' whole
+    blocks are named as held on loopback (``loopback_hold``): a loopback listener of ours
+    there joins the hold.
 
     ``LD_PRELOAD`` is split at spaces and colons, so a shim installed under such a path
     (a virtualenv in ``/home/a b/``) cannot be named there: that is an error, never a
@@ -61,6 +63,7 @@ def bind_env(shim: str, ip: str, plans: Iterable[PortPlan], env: Mapping[str, st
         "LD_PRELOAD": preload,
         BIND_ADDRESS: ip,
         BIND_PORTS: port_ranges(plans),
+        HELD_PORTS: ranges_text(block_ranges(plans)),
         # the raylet passes the preload on to its workers (their gRPC servers bind too)
         "RAY_LD_PRELOAD_ON_WORKERS": "1",
     }

@@ -9,12 +9,20 @@
  * 127.0.0.1) to the node's address, so everything keeps working. Other ports, other
  * addresses and other processes are untouched.
  *
+ * node_run holds 127.0.0.1 and [::1] on the cluster's ports (loopback_hold.py) with
+ * SO_REUSEPORT, so that no other user can listen where our clients send the token. A bind
+ * of such a held port to loopback or to the wildcard (Ray's dashboard agent also listens on
+ * 127.0.0.1; a dashboard on 127.0.0.1) gets SO_REUSEPORT here, which the kernel allows
+ * beside the hold only for sockets of the same user.
+ *
  *   ERAY_BIND_ADDRESS  the node's IPv4 address (the one Ray runs on)
  *   ERAY_BIND_PORTS    port ranges: "lo-hi[,lo-hi...]" (at most 64)
- * Without both, the shim does nothing. Both are read once, when the library is loaded.
+ *   ERAY_HELD_PORTS    the port ranges node_run holds on loopback (same form)
+ * Without the first two, nothing is rewritten. All are read once, when the library is loaded.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <stdint.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -29,32 +37,41 @@ typedef int (*sock_fn)(int, const struct sockaddr *, socklen_t);
  * thread): a later setenv() by the program, or a race with one, cannot change what the
  * shim does, and bind() and connect() cost no getenv(). */
 #define MAX_RANGES 64
-static unsigned ranges[MAX_RANGES][2];
-static int n_ranges;
+struct ranges {
+    unsigned r[MAX_RANGES][2];
+    int n;
+};
+static struct ranges moved, held;
 static int have_node;
 static struct in_addr node_addr;
 
-__attribute__((constructor)) static void read_environment(void) {
-    const char *ip = getenv("ERAY_BIND_ADDRESS");
-    const char *spec = getenv("ERAY_BIND_PORTS");
-    have_node = ip && inet_pton(AF_INET, ip, &node_addr) == 1;
-    while (spec && *spec && n_ranges < MAX_RANGES) {
+static void parse_ranges(const char *spec, struct ranges *out) {
+    while (spec && *spec && out->n < MAX_RANGES) {
         char *end;
         unsigned long lo = strtoul(spec, &end, 10), hi = lo;
         if (end == spec) break;
         if (*end == '-') hi = strtoul(end + 1, &end, 10);
-        ranges[n_ranges][0] = (unsigned)lo;
-        ranges[n_ranges][1] = (unsigned)hi;
-        n_ranges++;
+        out->r[out->n][0] = (unsigned)lo;
+        out->r[out->n][1] = (unsigned)hi;
+        out->n++;
         spec = (*end == ',') ? end + 1 : NULL;
     }
 }
 
-static int port_in_ranges(unsigned port) {
-    for (int i = 0; i < n_ranges; i++)
-        if (ranges[i][0] <= port && port <= ranges[i][1]) return 1;
+__attribute__((constructor)) static void read_environment(void) {
+    const char *ip = getenv("ERAY_BIND_ADDRESS");
+    have_node = ip && inet_pton(AF_INET, ip, &node_addr) == 1;
+    parse_ranges(getenv("ERAY_BIND_PORTS"), &moved);
+    parse_ranges(getenv("ERAY_HELD_PORTS"), &held);
+}
+
+static int in_ranges(const struct ranges *set, unsigned port) {
+    for (int i = 0; i < set->n; i++)
+        if (set->r[i][0] <= port && port <= set->r[i][1]) return 1;
     return 0;
 }
+
+static int port_in_ranges(unsigned port) { return in_ranges(&moved, port); }
 
 static int node_address(struct in_addr *out) {
     if (have_node) *out = node_addr;
@@ -122,8 +139,32 @@ static int call_next(sock_fn *cache, const char *name, long sysno, int fd, const
     return fn(fd, use, len);
 }
 
+/* Whether `addr` is loopback or the wildcard on a port node_run holds on loopback. */
+static int joins_hold(const struct sockaddr *addr, socklen_t len) {
+    if (!addr || !held.n) return 0;
+    if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+        uint32_t a = ntohl(in->sin_addr.s_addr);
+        return (a == INADDR_ANY || a == INADDR_LOOPBACK) && in_ranges(&held, ntohs(in->sin_port));
+    }
+    if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
+        struct in6_addr loop4;
+        to_mapped(&loop4, (struct in_addr){htonl(INADDR_LOOPBACK)});
+        int local = IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr) || IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+                    memcmp(&in6->sin6_addr, &loop4, sizeof loop4) == 0;
+        return local && in_ranges(&held, ntohs(in6->sin6_port));
+    }
+    return 0;
+}
+
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     static sock_fn real;
+    struct sockaddr_storage buf;
+    if (joins_hold(rewrite(fd, addr, len, 1, &buf), len)) {
+        int on = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
+    }
     return call_next(&real, "bind", SYS_bind, fd, addr, len, 1);
 }
 

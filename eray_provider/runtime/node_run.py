@@ -33,7 +33,7 @@ from ..plan.cluster_config import DEFAULT_CAP_MB
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
-from ..plan.ports import PortPlan, candidates, choose_plan
+from ..plan.ports import PortPlan, block_ranges, candidates, choose_plan
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
@@ -43,6 +43,7 @@ from ..slurm.hostlist import HostlistError, expand
 from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
+from .loopback_hold import LoopbackHold, hold_loopback
 from .node_logs import collect
 from .port_probe import busy_ports, host_exclusions, port_open
 from .process_identity import identity
@@ -408,7 +409,29 @@ def _supervise(
     return _wait_ray(proc, stop_asked)
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT before Ray runs (``ray down``, ``scancel``, a preemption during the
+    setup commands, the wait for the head or a stand-by): the node ends as a failure does,
+    leaving its exit marker and removing its temp dir."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} before its Ray ran")
+
+
+def _stop_early(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
+def _noted(signum: int, _frame: object) -> None:
+    """While the node cleans up: a second stop signal must not cut the cleanup short (SLURM
+    sends SIGKILL after its ``KillWait`` anyway)."""
+
+
 def main() -> int:
+    # from the first line: a stop at any point leaves the exit marker and no temp dir
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_early)
     env = os.environ
     try:
         ident = identify(env)
@@ -424,6 +447,7 @@ def main() -> int:
     code = 1
     watcher: subprocess.Popen | None = None
     drains: list[subprocess.Popen] = []
+    hold: LoopbackHold | None = None
     try:
         config = state.cluster_config()
         provider = config["provider"]
@@ -437,6 +461,10 @@ def main() -> int:
         else:
             alloc = Allocation.from_dict(provider["allocation"])
             node_plan = plan
+        shim = None if provider.get("bind_all_interfaces") else shim_path()
+        if shim:
+            # before anything of Ray runs, until it has ended (loopback_hold)
+            hold = hold_loopback(block_ranges([node_plan, plan]))
         ip = pick_ip(provider.get("network"))
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
@@ -478,7 +506,6 @@ def main() -> int:
         )
         ray_env.update(spec.env())
         if not provider.get("bind_all_interfaces"):
-            shim = shim_path()
             if shim:
                 ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
                 check_preloaded(shim, ray_env)
@@ -512,10 +539,15 @@ def main() -> int:
             watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
 
         code = _supervise(proc, node_id, gcs, own_job or state.job_id, ray_env, drains)
+    except Stopped as e:
+        print(f"eray-provider: {node_id}: {e}", file=sys.stderr, flush=True)
+        code = 128 + e.signum
     except Exception as e:  # reported to the provider through the exit marker
         print(f"eray-provider: {node_id} failed: {e}", file=sys.stderr, flush=True)
         code = 1 if code == 0 else code
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _noted)
         for helper in [watcher, *drains]:
             if helper is not None:
                 _stop_helper(helper)
@@ -528,6 +560,8 @@ def main() -> int:
             ray_home.leave()  # removes it, unless another node of the cluster still runs in it
         if tmp and (ray_home is None or ray_home.path != tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+        if hold is not None:
+            hold.release()  # last: what is left of Ray goes with the step
     return code
 
 
