@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from eray_provider.plan.modules import PORT_PROBE
-from eray_provider.plan.ports import Excluded, candidates
+from eray_provider.plan.ports import Excluded, PortPlanError, candidates
 from eray_provider.runtime import launch
 from eray_provider.runtime.port_probe import (
     NodeReport,
@@ -98,7 +98,7 @@ class _State:
         self.saved = plan
 
 
-def _fake_srun(monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, set[int]]):
+def _fake_srun(monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, set[int]], holder=""):
     calls: list[list[int]] = []
 
     def run(argv, **kwargs):
@@ -106,9 +106,9 @@ def _fake_srun(monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, 
         calls.append(ports)
         lines = []
         for node, (lo, hi) in ranges.items():
-            lines += format_report(
-                NodeReport(node, tuple(p for p in ports if p in busy.get(node, ())), (lo, hi))
-            )
+            seen = tuple(p for p in ports if p in busy.get(node, ()))
+            held = ((holder, seen),) if holder and seen else ()
+            lines += format_report(NodeReport(node, seen, (lo, hi), holders=held))
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
     monkeypatch.setattr(launch.subprocess, "run", run)
@@ -138,3 +138,38 @@ def test_a_node_with_a_wide_range_moves_the_plan_and_a_second_probe_checks_it(mo
     assert plan == candidates("5123", node_view)[0]
     assert len(calls) == 2 and set(plan.all_ports()) <= set(calls[0]) | set(calls[1])
     assert all(not 60001 <= p <= 63000 for p in plan.all_ports())
+
+
+def test_busy_ports_are_printed_as_short_lines_of_ranges() -> None:
+    """srun interleaves its tasks' output and may cut a long line with another node's: a
+    node whose whole block is busy (held on loopback) prints a few short lines of ranges."""
+    busy = (*range(20480, 20736), *range(30000, 30200, 2))
+    lines = format_report(NodeReport("node3", busy, (32768, 60999)))
+    assert all(len(line) < 400 for line in lines), max(map(len, lines))
+    assert lines[0].startswith("node3 busy 20480-20735 30000 30002")
+    assert sorted(parse_reports("\n".join(reversed(lines)))["node3"].busy) == sorted(busy)
+    assert format_report(NodeReport("n1"))[0] == "n1 busy"
+
+
+def test_a_cotenant_on_the_first_blocks_delays_the_plan_never_to_an_unchecked_block(
+    monkeypatch,
+) -> None:
+    """A co-tenant holding one port of each of the first 30 blocks: the probe goes on (more
+    blocks each round) until a block it checked is free, and the plan is that block."""
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    cands = candidates("5123", LAUNCHER)
+    squat = {c.gcs + 3 for c in cands[:30]}
+    calls = _fake_srun(monkeypatch, {"n1": (32768, 60999), "n2": (32768, 60999)}, {"n2": squat})
+    plan = launch.ensure_port_plan(_State(), ALLOC, "python")
+    assert plan == cands[30]
+    assert set(plan.all_ports()) <= {p for c in calls for p in c}
+    assert len(calls) == 3  # 4, then 16, then 64 blocks
+
+
+def test_a_cotenant_on_every_block_fails_naming_ports_and_holder(monkeypatch) -> None:
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    squat = {c.gcs + 3 for c in candidates("5123", LAUNCHER)}  # about 160 sockets
+    _fake_srun(monkeypatch, {"n1": (32768, 60999), "n2": (32768, 60999)}, {"n1": squat}, holder="mallory")
+    with pytest.raises(PortPlanError, match=r"every port block is in use") as err:
+        launch.ensure_port_plan(_State(), ALLOC, "python")
+    assert "n1: busy" in str(err.value) and "mallory listens on" in str(err.value), str(err.value)

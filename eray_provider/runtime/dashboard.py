@@ -10,12 +10,16 @@ node) and carries every connection to the head's dashboard:
   cannot; every connection is a channel of the step's stdin and stdout.
 
 ``auto`` (the default) tries a direct connection first. The dashboard demands the
-cluster's token (Ray's token authentication) and this forwards bytes only: it adds no
-token to what it carries, so whoever else reaches the local port (another user of the
-login node) meets the same demand. The token reaches the browser through Ray's cookie
-(``ray-authentication-token``): the printed link ``/eray-provider/login/<secret>``, a
-random secret of this run, answered here and never forwarded, sets the cookie and
-redirects to the dashboard.
+cluster's token (Ray's token authentication). The browser never holds the token: the
+printed link ``/eray-provider/login/<secret>`` (a random secret of this run, answered here
+and never forwarded) sets Ray's cookie (``ray-authentication-token``) to a *session*
+secret of this run, and the forward swaps that value for the token in each request it
+carries. When the forward ends the session is forgotten, so a cookie captured later (a
+co-tenant who binds the freed local port, an ``ssh -L`` tunnel still pointing there)
+opens nothing. Only connections of this user are served (the peer's uid, from the
+kernel's socket table); another user's are closed at once, so they cannot hold the
+forward's slots. A request's head must arrive within one deadline, and the cluster's end
+is checked (SLURM asked) off the accept path.
 
 It ends with the cluster (the relay step ends with the job; otherwise the head's exit,
 the state's removal or SLURM's word that the job is gone) or on Ctrl-C, and the relay
@@ -46,13 +50,16 @@ from ..slurm.srun import job_state, srun_argv
 from .cluster_state import ClusterState
 from .node_run import current_head
 from .relay_client import RelayClient
+from .socket_table import connection_uid
 
 LOGIN_PREFIX = "/eray-provider/login/"
 #: Ray's cookie for the dashboard's token (``authentication_constants``).
 TOKEN_COOKIE = "ray-authentication-token"
 DIRECT_CONNECT_TIMEOUT = 3.0
-#: Seconds a browser may take to send a connection's first request line.
-FIRST_LINE_TIMEOUT = 10.0
+#: Seconds a connection may take to send its whole request head (one deadline, not per read).
+HEAD_TIMEOUT = 10.0
+#: The most a request head may hold.
+MAX_HEAD = 64 * 1024
 #: How often the cluster's end is checked (state, head marker), and SLURM asked.
 CHECK_SECONDS, SLURM_CHECK_SECONDS = 2.0, 30.0
 #: Seconds the relay's srun step may take to start (it is printed only once it runs).
@@ -107,18 +114,58 @@ def login_target(first_line: bytes, secret: str) -> str | None:
     return nxt
 
 
-def login_response(token: str, location: str = "/") -> bytes:
-    """Set Ray's token cookie (HttpOnly, SameSite=Strict, as Ray's own login sets it) and
-    send the browser on to ``location`` (a path ``login_target`` checked)."""
+def login_response(session: str, location: str = "/") -> bytes:
+    """Set Ray's token cookie to this run's session secret (``HttpOnly``,
+    ``SameSite=Strict``, as Ray's own login sets it; no ``Max-Age``: it ends with the
+    browser, and is worth nothing once the forward ends) and send the browser on to
+    ``location`` (a path ``login_target`` checked)."""
     return (
         "HTTP/1.1 303 See Other\r\n"
-        f"Set-Cookie: {TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age=86400\r\n"
+        f"Set-Cookie: {TOKEN_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict\r\n"
         f"Location: {location}\r\n"
         "Cache-Control: no-store\r\n"
         "Referrer-Policy: no-referrer\r\n"
         "Content-Length: 0\r\n"
         "Connection: close\r\n\r\n"
     ).encode()
+
+
+def _swap_cookie(value: bytes, session: bytes, token: bytes) -> bytes:
+    """A ``Cookie`` header's value with our session cookie, if present, holding the token."""
+    out = []
+    for part in value.split(b";"):
+        name, eq, val = part.strip().partition(b"=")
+        if eq and name == TOKEN_COOKIE.encode() and hmac.compare_digest(val.strip(), session):
+            part = b" " + name + b"=" + token
+        out.append(part)
+    return b";".join(out).strip()
+
+
+def rewrite_head(head: bytes, session: str, token: str) -> bytes:
+    """The request head to carry: our session cookie swapped for the cluster's token, and
+    ``Connection: close`` (one request per carried connection, so each request's head
+    passes here; a protocol upgrade is left as asked). Any other cookie value, a token of
+    the user's own client among them, is carried as it came."""
+    lines = head.split(b"\r\n")
+    out = [lines[0]]
+    upgrade = False
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(b":")
+        key = name.strip().lower()
+        if colon and key == b"cookie":
+            line = name + b": " + _swap_cookie(value, session.encode(), token.encode())
+        elif colon and key == b"connection":
+            if b"upgrade" not in value.lower():
+                continue
+            upgrade = True
+        elif colon and key == b"keep-alive":
+            continue
+        out.append(line)
+    if not upgrade:
+        out.append(b"Connection: close")
+    return b"\r\n".join(out) + b"\r\n\r\n"
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -150,39 +197,55 @@ def _reachable(head: Head) -> bool:
         return False
 
 
-def _first_line(sock: socket.socket) -> bytes:
-    """The bytes a connection sent until its first line ended (or the timeout)."""
-    sock.settimeout(FIRST_LINE_TIMEOUT)
+def read_head(sock: socket.socket, timeout: float = HEAD_TIMEOUT) -> tuple[bytes, bytes] | None:
+    """A request's head (through its blank line) and what came after it, read within one
+    deadline; None when the head does not end in time, within ``MAX_HEAD``, or at all."""
+    deadline = time.monotonic() + timeout
     data = b""
     try:
-        while b"\r\n" not in data and len(data) < 8192:
+        while b"\r\n\r\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(data) > MAX_HEAD:
+                return None
+            sock.settimeout(left)
             chunk = sock.recv(8192)
             if not chunk:
-                break
+                return None
             data += chunk
     except OSError:
-        pass
+        return None
     sock.settimeout(None)
-    return data
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head + b"\r\n\r\n", rest
 
 
 class Forwarder:
-    """Accepts local connections: answers the login link, carries the rest to the head."""
+    """Accepts local connections of its own user: answers the login link, carries the rest
+    to the head with the session swapped for the token."""
 
     def __init__(self, state: ClusterState, head: Head, relay: RelayClient | None) -> None:
         self.state, self.head, self.relay = state, head, relay
         self.token = state.token_path.read_text().strip()
         self.secret = secrets.token_urlsafe(24)
+        self.session = secrets.token_urlsafe(32)
+        self.owner = os.geteuid()
+        self.refused = 0
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._slurm_checked = time.monotonic()
+        self._end = threading.Event()
+        self._reason = ""
 
     def serve_one(self, sock: socket.socket) -> None:
         try:
-            first = _first_line(sock)
-            location = login_target(first.split(b"\r\n", 1)[0], self.secret)
+            got = read_head(sock)
+            if got is None:
+                return
+            head, rest = got
+            location = login_target(head.split(b"\r\n", 1)[0], self.secret)
             if location is not None:
-                sock.sendall(login_response(self.token, location))
-            elif self.relay is not None:
+                sock.sendall(login_response(self.session, location))
+                return
+            first = rewrite_head(head, self.session, self.token) + rest
+            if self.relay is not None:
                 self.relay.carry(sock, first)
             else:
                 self._direct(sock, first)
@@ -202,16 +265,16 @@ class Forwarder:
         finally:
             remote.close()
 
-    def ended(self) -> str | None:
-        """Why the cluster is over, if it is."""
+    def ended(self, slurm_checked: float) -> str | None:
+        """Why the cluster is over, if it is; SLURM is asked when ``slurm_checked`` is
+        ``SLURM_CHECK_SECONDS`` old (a failed or hanging ``squeue`` is no answer)."""
         if self.relay is not None and not self.relay.alive():
             return "the relay step ended (the job ended, or srun failed: see above)"
         if not self.state.exists():
             return "the cluster was torn down"
         if self.state.read_marker(self.head.node_id, "exit") is not None:
             return f"the head {self.head.node_id} exited"
-        if time.monotonic() - self._slurm_checked > SLURM_CHECK_SECONDS:
-            self._slurm_checked = time.monotonic()
+        if time.monotonic() - slurm_checked > SLURM_CHECK_SECONDS:
             try:
                 if job_state(self.state.job_id) is None:
                     return f"SLURM says job {self.state.job_id} has ended"
@@ -219,33 +282,54 @@ class Forwarder:
                 pass  # not an answer about the job
         return None
 
+    def _watch_end(self) -> None:
+        """The cluster's end, checked every ``CHECK_SECONDS`` in a thread of its own: a
+        ``squeue`` that hangs delays this answer, never an accept."""
+        slurm_checked = time.monotonic()
+        while not self._end.wait(CHECK_SECONDS):
+            asked = time.monotonic() - slurm_checked > SLURM_CHECK_SECONDS
+            reason = self.ended(slurm_checked)
+            if asked:
+                slurm_checked = time.monotonic()
+            if reason:
+                self._reason = reason
+                self._end.set()
+
+    def _ours(self, sock: socket.socket) -> bool:
+        """Whether the connection comes from this user (root's own, when we are root)."""
+        return connection_uid(sock) == self.owner
+
     def serve(self, listener: socket.socket) -> str:
-        """Accept until the cluster ends; returns why. The end is checked every
-        ``CHECK_SECONDS``, whether connections come or not."""
-        listener.settimeout(CHECK_SECONDS)
-        checked = time.monotonic()
-        while True:
-            if time.monotonic() - checked >= CHECK_SECONDS:
-                checked = time.monotonic()
-                if reason := self.ended():
-                    return reason
-            if not self.slots.acquire(timeout=CHECK_SECONDS):
-                continue  # MAX_CONNECTIONS carried: the next waits in the listen queue
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                self.slots.release()
-                continue
-            except OSError as e:  # out of descriptors, an aborted connection: wait, go on
-                self.slots.release()
-                print(f"eray-provider: accept: {e}", file=sys.stderr, flush=True)
-                time.sleep(0.5)
-                continue
-            try:
-                threading.Thread(target=self.serve_one, args=(sock,), daemon=True).start()
-            except RuntimeError:  # no thread to be had
-                sock.close()
-                self.slots.release()
+        """Accept until the cluster ends; returns why."""
+        listener.settimeout(0.5)
+        watcher = threading.Thread(target=self._watch_end, daemon=True)
+        watcher.start()
+        try:
+            while not self._end.is_set():
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError as e:  # out of descriptors, an aborted connection: wait, go on
+                    print(f"eray-provider: accept: {e}", file=sys.stderr, flush=True)
+                    time.sleep(0.5)
+                    continue
+                if not self._ours(sock):
+                    self.refused += 1
+                    sock.close()
+                    continue
+                if not self.slots.acquire(timeout=HEAD_TIMEOUT):
+                    sock.close()  # MAX_CONNECTIONS of our own carried for that long
+                    continue
+                try:
+                    threading.Thread(target=self.serve_one, args=(sock,), daemon=True).start()
+                except RuntimeError:  # no thread to be had
+                    sock.close()
+                    self.slots.release()
+            return self._reason
+        finally:
+            self._end.set()
+            self.session = ""  # forgotten: a cookie of this run opens nothing any more
 
 
 def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
@@ -279,9 +363,9 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
             f"eray-provider: the dashboard of cluster {state.cluster_name!r} (job {state.job_id}, head "
             f"{head.address}:{head.port}, {'through an srun step' if relay else 'direct'}) is at\n"
             f"  http://127.0.0.1:{local}{LOGIN_PREFIX}{forwarder.secret}\n"
-            f"Open that link once: it sets the cluster's token as Ray's cookie, then shows "
-            f"http://127.0.0.1:{local}/. From your own machine: ssh -L {local}:127.0.0.1:{local} "
-            f"{socket.getfqdn()}. Ctrl-C ends it.",
+            f"Open that link once: it sets a cookie of this forward (not the cluster's token, "
+            f"worth nothing once it ends), then shows http://127.0.0.1:{local}/. From your own "
+            f"machine: ssh -L {local}:127.0.0.1:{local} {socket.getfqdn()}. Ctrl-C ends it.",
             file=out,
             flush=True,
         )

@@ -26,7 +26,7 @@ from ..plan.environment import ClusterEnv, host_of
 from ..plan.join_progress import JoinProgress
 from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, python_m
 from ..plan.names import is_cluster_step, step_name
-from ..plan.ports import PortPlan, candidates, choose_plan, choose_probed, next_to_probe
+from ..plan.ports import PortPlan, PortPlanError, candidates, choose_probed, next_to_probe
 from ..slurm.allocation import Allocation
 from ..slurm.client import SlurmCommandError
 from ..slurm.hostlist import compress
@@ -37,8 +37,10 @@ from .port_probe import (
     NodeReport,
     ProbeError,
     check_answered,
+    describe_busy,
     exclusions_from_reports,
     host_exclusions,
+    merge_reports,
     parse_reports,
 )
 
@@ -49,6 +51,8 @@ STEP_GRACE_SECONDS = 30.0
 CLEANUP_TIMEOUT = 120.0
 #: Seconds the port probe (one srun over the nodes) may take.
 PROBE_TIMEOUT = 120.0
+#: Probe rounds before giving up (4, 16, 64, 256... blocks: more than any port space holds).
+MAX_PROBE_ROUNDS = 6
 
 
 class LaunchError(ClusterError):
@@ -169,15 +173,17 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
     plan = state.ports()
     if plan is not None:
         return plan
-    batch = 4  # candidate blocks per probe: about 1,000 ports on every node
+    batch = 4  # candidate blocks in the first probe: about 1,000 ports on every node
     launcher = host_exclusions()
     controller = [e for e in launcher if not e.soft]
     busy: set[int] = set()
     probed: set[int] = set()
     reports: dict[str, NodeReport] = {}
-    exclusions = launcher
     to_probe = candidates(alloc.job_id, launcher)[:batch]
-    for _ in range(2):
+    # every round probes blocks not probed yet (four times as many as the last): a co-tenant
+    # who holds a port of many blocks delays the plan by a round or two, and a plan is never
+    # a block that no node checked
+    for _ in range(MAX_PROBE_ROUNDS):
         ports = sorted({p for c in to_probe for p in c.all_ports()} - probed)
         name = step_name(state.cluster_name, "probe")
         argv = srun_argv(
@@ -197,18 +203,25 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
             raise LaunchError(f"{what}: {e}") from e
         for node, report in found.items():
             busy.update(report.busy)
-            reports[node] = report
+            reports[node] = merge_reports(reports.get(node), report)
         probed.update(ports)
         from_nodes = exclusions_from_reports(reports.values())
         if not any(e.soft for e in from_nodes):  # no node could read its range: assume ours
             from_nodes += [e for e in launcher if e.soft]
         exclusions = [*controller, *from_nodes]
-        plan = choose_probed(alloc.job_id, exclusions, busy, probed)
+        try:
+            plan = choose_probed(alloc.job_id, exclusions, busy, probed)
+        except PortPlanError as e:
+            raise PortPlanError(f"{e}: {describe_busy(reports.values())}") from e
         if plan is not None:
             break
+        batch *= 4
         to_probe = next_to_probe(alloc.job_id, exclusions, busy, batch)
     else:
-        plan = choose_plan(alloc.job_id, exclusions, busy)
+        raise PortPlanError(
+            f"no port block was found free in {MAX_PROBE_ROUNDS} probes of job {alloc.job_id}'s nodes: "
+            f"{describe_busy(reports.values())}"
+        )
     state.save_ports(plan)
     return plan
 

@@ -2,7 +2,8 @@
 
 ``python -m eray_provider.runtime.port_probe 20224 20225 ...`` prints, for this node::
 
-    <node> busy <port>...
+    <node> busy <port or lo-hi>...      (one or more lines; a line always, even empty)
+    <node> holder <user> <port or lo-hi>...  (who listens on busy ports, where the kernel shows it)
     <node> ephemeral <lo> <hi>          (when ip_local_port_range is readable)
     <node> reserved <lo>-<hi>,...       (when ip_local_reserved_ports is not empty)
 
@@ -23,9 +24,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ClusterError
-from ..plan.ports import Excluded
+from ..plan.ports import Excluded, port_runs, ranges_text
 from ..slurm.client import srun_port_range
 from ..slurm.env import node_name
+from .socket_table import listeners, read_rows
+from .socket_table import user_name as pwd_name
 
 EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 RESERVED_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
@@ -44,6 +47,8 @@ class NodeReport:
     busy: tuple[int, ...] = ()
     ephemeral: tuple[int, int] | None = None
     reserved: tuple[tuple[int, int], ...] = ()
+    #: (user, ports) of those who listen on busy ports
+    holders: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def busy_ports(ports: list[int]) -> list[int]:
@@ -123,16 +128,45 @@ def local_report(ports: Sequence[int]) -> NodeReport:
     """This node's busy ports among ``ports`` and its own ranges (unreadable ones omitted)."""
     node = node_name(os.environ)
     eph_text, res_text = _read(EPHEMERAL_FILE), _read(RESERVED_FILE)
+    busy = busy_ports(list(ports))
+    by_user: dict[str, list[int]] = {}
+    for port, uids in sorted(listeners(busy, read_rows()).items()) if busy else ():
+        for uid in uids:
+            by_user.setdefault(pwd_name(uid), []).append(port)
     return NodeReport(
         node=node,
-        busy=tuple(busy_ports(list(ports))),
+        busy=tuple(busy),
         ephemeral=parse_ephemeral(eph_text) if eph_text is not None else None,
         reserved=parse_reserved(res_text) if res_text is not None else (),
+        holders=tuple((user, tuple(found)) for user, found in sorted(by_user.items())),
     )
 
 
+#: Busy ranges per output line: srun interleaves the lines of several tasks, and a long line
+#: may be cut by another node's output, so every line stays short.
+RUNS_PER_LINE = 32
+
+
+def _port_lines(prefix: str, ports: Sequence[int]) -> list[str]:
+    runs = [ranges_text([r]) for r in port_runs(ports)]
+    chunks = [runs[i : i + RUNS_PER_LINE] for i in range(0, len(runs), RUNS_PER_LINE)] or [[]]
+    return [" ".join([prefix, *chunk]) for chunk in chunks]
+
+
+def _parse_ports(words: Sequence[str], node: str, line: str) -> list[int]:
+    out: list[int] = []
+    for word in words:
+        m = _RANGE.match(word)
+        if m is None:
+            raise ProbeError(f"port probe of {node} printed {line!r}: busy ports must be PORT or LO-HI")
+        out.extend(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return out
+
+
 def format_report(report: NodeReport) -> list[str]:
-    lines = [" ".join([report.node, "busy", *map(str, report.busy)])]
+    lines = _port_lines(f"{report.node} busy", report.busy)
+    for user, ports in report.holders:
+        lines += _port_lines(f"{report.node} holder {user}", ports)
     if report.ephemeral is not None:
         lines.append(f"{report.node} ephemeral {report.ephemeral[0]} {report.ephemeral[1]}")
     if report.reserved:
@@ -146,6 +180,7 @@ def parse_reports(text: str) -> dict[str, NodeReport]:
     busy: dict[str, list[int]] = {}
     ephemeral: dict[str, tuple[int, int]] = {}
     reserved: dict[str, tuple[tuple[int, int], ...]] = {}
+    holders: dict[str, dict[str, list[int]]] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
@@ -154,9 +189,9 @@ def parse_reports(text: str) -> dict[str, NodeReport]:
             raise ProbeError(f"port probe printed {line!r}: expected '<node> busy|ephemeral|reserved ...'")
         node, kind, rest = parts[0], parts[1], parts[2:]
         if kind == "busy":
-            if not all(p.isdigit() for p in rest):
-                raise ProbeError(f"port probe of {node} printed {line!r}: busy ports must be numbers")
-            busy.setdefault(node, []).extend(int(p) for p in rest)
+            busy.setdefault(node, []).extend(_parse_ports(rest, node, line))
+        elif kind == "holder" and rest:
+            holders.setdefault(node, {}).setdefault(rest[0], []).extend(_parse_ports(rest[1:], node, line))
         elif kind == "ephemeral":
             ephemeral[node] = parse_ephemeral(" ".join(rest), f"{EPHEMERAL_FILE} on {node}")
         elif kind == "reserved":
@@ -164,7 +199,50 @@ def parse_reports(text: str) -> dict[str, NodeReport]:
         else:
             raise ProbeError(f"port probe of {node} printed {line!r}: unknown kind {kind!r}")
     nodes = [*busy, *(n for n in (*ephemeral, *reserved) if n not in busy)]
-    return {n: NodeReport(n, tuple(busy.get(n, ())), ephemeral.get(n), reserved.get(n, ())) for n in nodes}
+    return {
+        n: NodeReport(
+            n,
+            tuple(busy.get(n, ())),
+            ephemeral.get(n),
+            reserved.get(n, ()),
+            tuple((u, tuple(ports)) for u, ports in holders.get(n, {}).items()),
+        )
+        for n in nodes
+    }
+
+
+def merge_reports(old: NodeReport | None, new: NodeReport) -> NodeReport:
+    """One node's reports of two probe rounds: the busy ports and holders of both."""
+    if old is None:
+        return new
+    holders: dict[str, set[int]] = {}
+    for user, ports in (*old.holders, *new.holders):
+        holders.setdefault(user, set()).update(ports)
+    return NodeReport(
+        new.node,
+        tuple(sorted({*old.busy, *new.busy})),
+        new.ephemeral,
+        new.reserved,
+        tuple((u, tuple(sorted(p))) for u, p in holders.items()),
+    )
+
+
+def describe_busy(reports: Iterable[NodeReport], limit: int = 10) -> str:
+    """Per node, the busy ports and who listens on them: why no block could be had."""
+    parts = []
+    for report in reports:
+        if not report.busy:
+            continue
+        runs = port_runs(report.busy)
+        ports = ranges_text(runs[:limit]) + (" ..." if len(runs) > limit else "")
+        who = "; ".join(
+            f"{user} listens on {ranges_text(port_runs(p)[:limit])}" for user, p in report.holders
+        )
+        parts.append(f"{report.node}: busy {ports}" + (f" ({who})" if who else ""))
+        if len(parts) >= limit:
+            parts.append("...")
+            break
+    return "; ".join(parts) or "no node reported a busy port"
 
 
 def check_answered(reports: dict[str, NodeReport], nodes: Sequence[str]) -> None:
