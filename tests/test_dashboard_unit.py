@@ -5,15 +5,20 @@ the relay process itself carrying concurrent HTTP connections over its stdin and
 from __future__ import annotations
 
 import http.server
+import os
 import socket
+import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from testbed_support import other_user, require
 
 from eray_provider.plan.modules import RELAY
+from eray_provider.runtime import dashboard
 from eray_provider.runtime.dashboard import LOGIN_PREFIX, TOKEN_COOKIE, login_response, login_target
 from eray_provider.runtime.relay import (
     CLOSE,
@@ -139,3 +144,166 @@ def test_a_connection_that_never_reads_stalls_no_other() -> None:
         relay.stop()
         server.shutdown()
     assert relay.proc.returncode == 0
+
+
+# --- the forward itself (Forwarder), against a local stand-in for the dashboard ---------
+
+TOKEN_HEADER = "X-Seen-Cookie"
+
+
+class _Dashboard(http.server.BaseHTTPRequestHandler):
+    """Answers 200 only to Ray's cookie holding the cluster's token (as Ray's dashboard
+    does), and says which cookie it received."""
+
+    protocol_version = "HTTP/1.1"
+    token = ""
+
+    def do_GET(self) -> None:
+        cookie = self.headers.get("Cookie", "")
+        ok = f"{TOKEN_COOKIE}={self.token}" in [c.strip() for c in cookie.split(";")]
+        body = b"ok" if ok else b"unauthorized"
+        self.send_response(200 if ok else 401)
+        self.send_header(TOKEN_HEADER, cookie)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def forward(tmp_path):
+    """A running Forwarder (direct mode) in front of a stand-in dashboard."""
+    from eray_provider.runtime.cluster_state import ClusterState
+    from eray_provider.runtime.dashboard import Forwarder, Head
+
+    state = ClusterState("fwd", "77", tmp_path / "state")
+    state.create()
+    token = state.token_path.read_text().strip()
+    handler = type("Dash", (_Dashboard,), {"token": token})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    fwd = Forwarder(state, Head("fwd-head", "node1", "127.0.0.1", server.server_port), None)
+    listener = socket.create_server(("127.0.0.1", 0))
+    ended: list[str] = []
+    thread = threading.Thread(target=lambda: ended.append(fwd.serve(listener)), daemon=True)
+    thread.start()
+    yield fwd, listener.getsockname()[1], token, state, server.server_port
+    fwd._end.set()
+    thread.join(timeout=10)
+    listener.close()
+    server.shutdown()
+
+
+def _ask(port: int, path: str, cookie: str | None = None, timeout: float = 30):
+    """(status, headers) of a GET that does not follow redirects."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Cookie": cookie} if cookie else {})
+        r = conn.getresponse()
+        r.read()
+        return r.status, r.headers
+    finally:
+        conn.close()
+
+
+def test_the_browser_gets_a_session_secret_which_the_forward_swaps_for_the_token(forward) -> None:
+    fwd, port, token, _state, backend = forward
+    status, headers = _ask(port, f"{LOGIN_PREFIX}{fwd.secret}")
+    assert status == 303
+    cookie = headers["Set-Cookie"].split(";")[0]
+    name, _, session = cookie.partition("=")
+    assert name == TOKEN_COOKIE and session == fwd.session and session != token and token not in str(headers)
+    # carried with the session: the dashboard sees the token; the browser never held it
+    status, headers = _ask(port, "/api/nodes", f"other=1; {cookie}")
+    assert status == 200 and headers[TOKEN_HEADER] == f"other=1; {TOKEN_COOKIE}={token}"
+    # no cookie, or a wrong one: carried as it came, refused by the dashboard
+    assert _ask(port, "/api/nodes")[0] == 401
+    assert _ask(port, "/api/nodes", f"{TOKEN_COOKIE}=guess")[0] == 401
+    # the session itself opens nothing at the dashboard: only this forward knows it
+    assert _ask(backend, "/api/nodes", cookie)[0] == 401
+
+
+def test_rewrite_head_one_request_per_connection() -> None:
+    from eray_provider.runtime.dashboard import rewrite_head
+
+    head = (
+        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
+        b"Cookie: a=b; ray-authentication-token=SESS\r\n\r\n"
+    )
+    out = rewrite_head(head, "SESS", "TOK")
+    assert out == (
+        b"GET /x HTTP/1.1\r\nHost: h\r\nCookie: a=b; ray-authentication-token=TOK\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    up = b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    assert rewrite_head(up, "SESS", "TOK") == up  # an upgrade is left as asked
+    # a value that is not the session (the user's own client sends the token) passes as it is
+    mine = b"GET / HTTP/1.1\r\nCookie: ray-authentication-token=TOK2\r\n\r\n"
+    assert b"ray-authentication-token=TOK2" in rewrite_head(mine, "SESS", "TOK")
+
+
+SLOW_CLIENTS = """
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", port)); s.sendall(b"GET / HT"); held.append(s)
+answered = 0
+s = socket.create_connection(("127.0.0.1", port)); s.settimeout(20)
+s.sendall(b"GET /api/nodes HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+try:
+    data = s.recv(100)
+except OSError:
+    data = b""
+print("held", len(held), "answer", repr(data[:12]), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_another_users_connections_are_closed_unanswered_and_hold_up_nothing(forward) -> None:
+    """300 slow connections of another user: none is served, and the owner is answered
+    while they are held."""
+    import os
+
+    if os.geteuid() != 0:
+        require("another Unix user needs root (runuser)")
+    fwd, port, _token, _state, _backend = forward
+    user = other_user()
+    proc = subprocess.Popen(
+        ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", SLOW_CLIENTS, str(port), "300"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[:2] == ["held", "300"] and line[3] == "b''", line  # not even a 401
+        assert fwd.refused >= 301
+        status, _ = _ask(port, "/api/nodes", timeout=5)  # answered though they are held
+        assert status == 401
+    finally:
+        proc.communicate(timeout=30)
+
+
+def test_a_hanging_squeue_does_not_stop_the_forward_accepting(forward, tmp_path, monkeypatch) -> None:
+    """The cluster's end is checked off the accept path: with an squeue that hangs, the
+    owner's requests are still answered."""
+    _fwd, port, _token, _state, _backend = forward
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text("#!/bin/sh\necho started >> " + str(tmp_path / "squeue.calls") + "\nexec sleep 60\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(dashboard, "SLURM_CHECK_SECONDS", 0.0)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "squeue.calls").exists():  # the watcher is in squeue now
+        assert time.monotonic() < deadline, "the forward never asked squeue"
+        time.sleep(0.1)
+    for _ in range(3):
+        assert _ask(port, "/api/nodes", timeout=5)[0] == 401

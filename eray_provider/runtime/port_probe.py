@@ -27,8 +27,7 @@ from ..errors import ClusterError
 from ..plan.ports import Excluded, port_runs, ranges_text
 from ..slurm.client import srun_port_range
 from ..slurm.env import node_name
-from .socket_table import listeners, read_rows
-from .socket_table import user_name as pwd_name
+from .socket_table import listeners, login, read_rows
 
 EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 RESERVED_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
@@ -132,7 +131,7 @@ def local_report(ports: Sequence[int]) -> NodeReport:
     by_user: dict[str, list[int]] = {}
     for port, uids in sorted(listeners(busy, read_rows()).items()) if busy else ():
         for uid in uids:
-            by_user.setdefault(pwd_name(uid), []).append(port)
+            by_user.setdefault(login(uid), []).append(port)
     return NodeReport(
         node=node,
         busy=tuple(busy),

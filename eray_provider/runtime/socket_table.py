@@ -98,8 +98,14 @@ def connection_uid(sock: socket.socket) -> int | None:
     return peer_uid(peer, local, read_rows())
 
 
-def user_name(uid: int) -> str:
+def login(uid: int) -> str:
+    """The user's name, one word: ``alice``, or ``uid1234`` where the name is unknown."""
     try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return f"uid {uid}"
+        return f"uid{uid}"
+
+
+def user_name(uid: int) -> str:
+    """For messages: ``alice (uid 1234)``."""
+    return f"{login(uid)} (uid {uid})"
