@@ -114,6 +114,31 @@ class Forwarding:
         return "".join(self.seen)
 
 
+def _login_cookie(link: str) -> str:
+    """``name=value`` of the cookie the login link sets (the redirect is not followed)."""
+    import http.client
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(link)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("GET", url.path)
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 303, r.status
+        return r.headers["Set-Cookie"].split(";")[0]
+    finally:
+        conn.close()
+
+
+def _status(url: str, cookie: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Cookie": cookie}), timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_path) -> None:
     chromium = _chromium()
     job = testbed.salloc("-N3", "-c1", "--mem=1500", "-J", "eray-dash-test")
@@ -122,6 +147,10 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
     out.mkdir(parents=True, exist_ok=True)
     try:
         cluster.up()
+        token = (cluster.state_dir / "auth_token").read_text().strip()
+        head_ip = cluster.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1].split(":")[0]
+        dash_port = json.loads((cluster.state_dir / "ports.json").read_text())["dashboard"]
+        dashboard = f"http://{head_ip}:{dash_port}"
         for via in ("srun", "direct"):
             fwd = Forwarding(cluster, via)
             link = fwd.link()
@@ -156,11 +185,21 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
                     chromium, profile, f"{base}/#/cluster", f"--screenshot={shot}", "--window-size=1280,900"
                 )
                 assert shot.exists() and shot.stat().st_size > 10_000
+
+                # what the browser holds is a session of this forward, never the token; it
+                # opens the dashboard through the forward only
+                cookie = _login_cookie(link)
+                assert cookie.startswith("ray-authentication-token=") and token not in cookie
+                assert _status(f"{base}/api/nodes?view=summary", cookie) == 200
             finally:
                 rest = fwd.interrupt()
             assert fwd.proc.returncode == 0, rest
             assert "dashboard forwarding ended: Ctrl-C" in rest
             assert not [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard")]
+            # once the forward has ended, a captured cookie (a co-tenant who binds the freed
+            # port gets what the open tab sends) opens nothing at the dashboard itself
+            assert _status(f"{dashboard}/api/nodes?view=summary", cookie) == 401
+            assert _status(f"{dashboard}/api/nodes?view=summary", f"ray-authentication-token={token}") == 200
     finally:
         cluster.down(check=False)
         testbed.cancel(job)

@@ -17,7 +17,7 @@ import sys
 import pytest
 from testbed_support import other_user, require
 
-from eray_provider.plan.ports import block_ranges, plan_for_block
+from eray_provider.plan.ports import held_ranges, plan_for_block
 from eray_provider.runtime.bind_shim import bind_env, shim_path
 from eray_provider.runtime.loopback_hold import PortsTakenError, hold_loopback
 from eray_provider.runtime.socket_table import LISTEN, parse_table, peer_uid
@@ -60,16 +60,34 @@ def as_user(user: str, code: str, *args: str) -> str:
 
 def test_another_user_cannot_listen_on_a_held_port_whatever_options_it_sets() -> None:
     user = other_user()
-    hold = hold_loopback(block_ranges([PLAN]))
+    hold = hold_loopback(held_ranges([PLAN]))
     try:
-        assert len(hold.sockets) >= 256  # every port of the block, on 127.0.0.1 at least
-        for port in (PLAN.gcs, PLAN.dashboard_agent_grpc, PLAN.min_worker, PLAN.max_worker):
+        assert len(hold.sockets) >= 16  # every named port of the block, on 127.0.0.1 at least
+        for port in (PLAN.gcs, PLAN.dashboard, PLAN.dashboard_agent_grpc, PLAN.block_start + 15):
             tries = as_user(user, SQUAT, str(port)).split()
             assert "LISTENING" not in tries, (port, tries)
     finally:
         hold.release()
     # released: the same user can listen there now (the test above could fail)
     assert "LISTENING" in as_user(user, SQUAT, str(PLAN.gcs)).split()
+
+
+WILDCARD = """
+import socket, sys
+s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(); print("bound")
+"""
+
+
+def test_worker_ports_are_not_held_a_driver_without_the_shim_binds_them_on_all_interfaces() -> None:
+    hold = hold_loopback(held_ranges([PLAN]))
+    try:
+        plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        out = subprocess.run(
+            [sys.executable, "-c", WILDCARD, str(PLAN.min_worker)], env=plain, capture_output=True, text=True
+        )
+        assert out.stdout.strip() == "bound", out.stderr
+    finally:
+        hold.release()
 
 
 LISTEN_LOOPBACK = """
@@ -105,7 +123,7 @@ def listen_loopback(port: int, env: dict[str, str]) -> str:
 def test_our_own_loopback_listener_joins_the_hold_through_the_shim() -> None:
     """Ray's dashboard agent also listens on 127.0.0.1: it must still start, and be reached."""
     port = PLAN.dashboard_agent_listen
-    hold = hold_loopback(block_ranges([PLAN]))
+    hold = hold_loopback(held_ranges([PLAN]))
     try:
         shimmed = dict(os.environ, **bind_env(shim_path(), "127.0.0.2", [PLAN], {}))
         assert listen_loopback(port, shimmed) == "served hi"
@@ -137,7 +155,7 @@ def test_a_port_taken_first_fails_the_hold_naming_the_port_and_its_listener() ->
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "ready"
         with pytest.raises(PortsTakenError) as err:
-            hold_loopback(block_ranges([PLAN]))
+            hold_loopback(held_ranges([PLAN]))
         assert f"ports {port} " in str(err.value) and user in str(err.value), str(err.value)
         # nothing is left held when the hold fails
         probe = socket.socket()

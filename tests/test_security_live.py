@@ -7,6 +7,8 @@ One allocation, two clusters whose names extend each other (``pfx`` and ``pfx-b`
 - a cluster name that breaks the step-name grammar (``pfx.b``) is refused, naming
   ``cluster_name``;
 - ``ray exec 'echo ray stop'`` leaves the cluster running;
+- no door opened first: on every node the other user can listen on no loopback port of
+  the cluster's block (held by node_run), while a Ray driver without the bind shim runs;
 - the listener census: every listening socket on every node belongs to one of the two
   clusters' port plans or to SLURM; each of the cluster's listeners is probed by the other
   user from another node without the token: the authenticated ones refuse, and every one
@@ -100,6 +102,11 @@ def other_python() -> str:
     return f"env PYTHONPATH={shlex.quote(site)} {system}"
 
 
+def node_shell(testbed: Testbed, node: str) -> list[str]:
+    """The argv prefix that runs a shell command inside a node's namespaces."""
+    return [str(REPO / "scripts" / "slurm-testbed"), "--dir", testbed.root, "exec", node, "bash", "-c"]
+
+
 def as_other_user(testbed: Testbed, node: str, user: str, command: str, check: bool = True):
     return testbed.on_node(node, f"runuser -u {user} -- {command}", check=check, timeout=120)
 
@@ -166,6 +173,48 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         # 3. `ray stop` as words inside another command does not stop the cluster
         assert "ray stop" in a.exec("echo ray stop").stdout
         assert len(a.wait_nodes(3, timeout=30)) == 3
+
+        # 4a. no door opened first: the other user cannot listen on loopback on any named port
+        # of the cluster's block, on any node (node_run holds them from before Ray starts), so
+        # a Ray client without the bind shim (a user's own ray.init with the documented
+        # variables, which sends its metrics with the token to 127.0.0.1) hands the spy nothing
+        plan_a = json.loads((a.state_dir / "ports.json").read_text())
+        lo, hi = plan_a["block_start"], plan_a["jax_first"] - 1
+        spy = f"/usr/bin/python3 {REPO}/tests/drivers/loopback_spy.py {lo} {hi} 30"
+        spies = {
+            node: subprocess.Popen(
+                [*node_shell(testbed, node), f"runuser -u {user} -- {spy}"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=testbed.env,
+            )
+            for node in NODES
+        }
+        try:
+            for node, proc in spies.items():
+                assert proc.stdout is not None
+                first = proc.stdout.readline().strip()
+                assert first.startswith("bound "), (node, first, proc.stderr.read() if proc.poll() else "")
+            address = a.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1]
+            driver = (
+                f"env -u LD_PRELOAD RAY_ADDRESS={address} RAY_AUTH_MODE=token "
+                f"RAY_AUTH_TOKEN_PATH={a.state_dir / 'auth_token'} {sys.executable} -c "
+                + shlex.quote(
+                    "import ray, time; ray.init(); "
+                    "print('R', sum(ray.get([ray.remote(lambda i: i).remote(i) for i in range(20)]))); "
+                    "time.sleep(12)"  # long enough for the driver's metrics export
+                )
+            )
+            for node in ("node1", "node2"):
+                ran = testbed.on_node(node, driver, timeout=180)
+                assert "R 190" in ran.stdout, (node, ran.stdout[-2000:], ran.stderr[-2000:])
+        finally:
+            caught = {}
+            for node, proc in spies.items():
+                out, err = proc.communicate(timeout=120)
+                caught[node] = json.loads(out.strip().splitlines()[-1]) if out.strip() else err
+        assert all(c == {"bound": [], "received": {}} for c in caught.values()), caught
 
         # 4. the listener census, and the other user's probes from another node
         plans = {c.name: json.loads((c.state_dir / "ports.json").read_text()) for c in (a, b)}

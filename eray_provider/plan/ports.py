@@ -332,6 +332,10 @@ def port_runs(ports: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def block_ranges(plans: Iterable[PortPlan]) -> list[tuple[int, int]]:
-    """The whole blocks of the given plans, each once, in order."""
-    return list(dict.fromkeys((p.block_start, p.block_start + BLOCK - 1) for p in plans))
+def held_ranges(plans: Iterable[PortPlan]) -> list[tuple[int, int]]:
+    """The named ports of the given plans (the first ``JAX_OFFSET`` of each block: Ray's
+    fixed ports and spares), each range once, in order: what a node holds on loopback
+    (``runtime.loopback_hold``). Not the JAX and worker ports: a Ray driver without the
+    bind shim (a user's own ``ray.init()`` on a node) binds worker ports on all interfaces,
+    which a loopback hold would refuse, and no client reaches them over loopback."""
+    return list(dict.fromkeys((p.block_start, p.block_start + JAX_OFFSET - 1) for p in plans))

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from ..errors import ClusterError
 from ..plan.environment import BIND_ADDRESS, BIND_PORTS, HELD_PORTS
 from ..plan.modules import BIND_SHIM
-from ..plan.ports import BLOCK, PortPlan, block_ranges, ranges_text
+from ..plan.ports import BLOCK, PortPlan, held_ranges, ranges_text
 
 
 class BindShimError(ClusterError):
@@ -46,8 +46,8 @@ def port_ranges(plans: Iterable[PortPlan]) -> str:
 
 def bind_env(shim: str, ip: str, plans: Sequence[PortPlan], env: Mapping[str, str]) -> dict[str, str]:
     """Variables that preload the shim for ``ip`` and the plans' ports (after any preload
-    the environment already has). Ray then skips its own jemalloc preload. The plans' whole
-    blocks are named as held on loopback (``loopback_hold``): a loopback listener of ours
+    the environment already has). Ray then skips its own jemalloc preload. The plans' named
+    ports are said to be held on loopback (``loopback_hold``): a loopback listener of ours
     there joins the hold.
 
     ``LD_PRELOAD`` is split at spaces and colons, so a shim installed under such a path
@@ -63,7 +63,7 @@ def bind_env(shim: str, ip: str, plans: Sequence[PortPlan], env: Mapping[str, st
         "LD_PRELOAD": preload,
         BIND_ADDRESS: ip,
         BIND_PORTS: port_ranges(plans),
-        HELD_PORTS: ranges_text(block_ranges(plans)),
+        HELD_PORTS: ranges_text(held_ranges(plans)),
         # the raylet passes the preload on to its workers (their gRPC servers bind too)
         "RAY_LD_PRELOAD_ON_WORKERS": "1",
     }

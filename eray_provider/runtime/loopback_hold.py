@@ -5,8 +5,9 @@ The bind shim moves Ray's wildcard binds to the node's address, which would leav
 Ray client that reaches a local component over loopback (a driver without the shim sends
 its metrics, with the token, to ``127.0.0.1:<agent port>``) would hand it the token. The
 rule: no secret goes to an address that someone else could have claimed before us. So
-``node_run`` binds ``127.0.0.1`` and ``[::1]`` on every port of the cluster's blocks before
-anything of Ray runs, and keeps them until Ray has ended.
+``node_run`` binds ``127.0.0.1`` and ``[::1]`` on the named ports of the cluster's blocks
+(``plan.ports.held_ranges``: every port a Ray client reaches over loopback) before anything
+of Ray runs, and keeps them until Ray has ended.
 
 The held sockets are bound, not listening: a connection to them is refused, as it was
 when nothing held them. They carry ``SO_REUSEPORT``, which the kernel extends only to

@@ -33,7 +33,7 @@ from ..plan.cluster_config import DEFAULT_CAP_MB
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
-from ..plan.ports import PortPlan, block_ranges, candidates, choose_plan
+from ..plan.ports import PortPlan, candidates, choose_plan, held_ranges
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
@@ -464,7 +464,7 @@ def main() -> int:
         shim = None if provider.get("bind_all_interfaces") else shim_path()
         if shim:
             # before anything of Ray runs, until it has ended (loopback_hold)
-            hold = hold_loopback(block_ranges([node_plan, plan]))
+            hold = hold_loopback(held_ranges([node_plan, plan]))
         ip = pick_ip(provider.get("network"))
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
