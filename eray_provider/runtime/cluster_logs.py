@@ -5,16 +5,23 @@ they are read there, also after ``ray down`` and after the job. A node whose Ray
 runs is read where its logs are, on the node's local disk: ``python -m
 eray_provider.runtime.node_logs`` runs there as a step of the node's job (``srun --overlap``,
 named as a step of the cluster, so a teardown ends it), printing or following (``tail
--F``) the files. ``--follow`` ends with the node's Ray, or on Ctrl-C; the step never
-outlives this command.
+-F``) the files. All live nodes of one job are read by one step (each task writes its
+node's logs to a file of its own, printed here in node order), at most ``LIVE_FANOUT``
+jobs at once: a cluster of 10,000 nodes is read in one step, not 10,000. ``--follow``
+ends with the node's Ray, or on Ctrl-C; no step outlives this command.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +34,18 @@ from .cluster_state import ClusterState
 from .node_logs import DEFAULT_COMPONENTS, check_components, collected, show
 from .process_identity import parse_identity
 
-#: Seconds a live node may take to print its logs (``--follow`` has no limit but the job).
+#: Seconds the live nodes of one batch of jobs may take to print their logs (``--follow``
+#: has no limit but the job).
 LIVE_READ_TIMEOUT = 120.0
+#: Jobs whose live nodes are read at once (one step each; an elastic cluster has a job per
+#: worker).
+LIVE_FANOUT = 16
+
+
+def logs_step_name(cluster: str) -> str:
+    """A name for one read's step, unique across login nodes (not a pid, which another
+    login node may share): a teardown of the cluster still finds it by its prefix."""
+    return step_name(cluster, f"logs.{secrets.token_hex(6)}")
 
 
 @dataclass(frozen=True)
@@ -129,37 +146,101 @@ class Interrupted(Exception):
     """Ctrl-C while a node's logs were read: the step was ended, nothing more is read."""
 
 
-def _live(state: ClusterState, n: NodeLogs, components: list[str], follow: bool) -> int:
-    """Print (or follow) a live node's logs through a step of its job; the step ends with
-    this, also on Ctrl-C or the timeout (``stop_foreground_step``)."""
-    python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
-    command = python_m(python, NODE_LOGS, n.path, "--title", n.title)
+def _python(state: ClusterState) -> str:
+    return str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
+
+
+def _stop_steps(running: list[tuple[str, str, subprocess.Popen]]) -> None:
+    """End the steps this read started (each bounded by ``stop_foreground_step``)."""
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
+    try:
+        for job, name, proc in running:
+            stop_foreground_step(proc, job, name)
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+
+
+def _follow(state: ClusterState, n: NodeLogs, components: list[str]) -> int:
+    """Follow a live node's logs through a step of its job until its Ray ends; the step
+    ends with this, also on Ctrl-C."""
+    command = python_m(_python(state), NODE_LOGS, n.path, "--title", n.title, "--follow")
     command += [f"--component={c}" for c in components]
-    if follow:
-        command.append("--follow")
-        pid = parse_identity(state.read_marker(n.node_id, "pid"))
-        if pid is not None:
-            command.append(f"--pid={pid[0]}")  # tail ends with the node's Ray
-    name = step_name(state.cluster_name, f"logs.{os.getpid()}")
+    pid = parse_identity(state.read_marker(n.node_id, "pid"))
+    if pid is not None:
+        command.append(f"--pid={pid[0]}")  # tail ends with the node's Ray
+    name = logs_step_name(state.cluster_name)
     argv = srun_argv(n.slurm_job, [n.slurm_node], command, name=name, immediate=slurm_timeout())
     sys.stdout.flush()
     proc = subprocess.Popen(argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        return proc.wait(timeout=None if follow else LIVE_READ_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print(
-            f"eray-provider: reading the logs of {n.title} took over {LIVE_READ_TIMEOUT:.0f} s",
-            file=sys.stderr,
-        )
-        return 1
+        return proc.wait()
     except KeyboardInterrupt:
         raise Interrupted from None
     finally:
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
-        try:
-            stop_foreground_step(proc, n.slurm_job, name)
-        finally:
-            signal.signal(signal.SIGINT, interrupt)
+        _stop_steps([(n.slurm_job, name, proc)])
+
+
+def _read_live(state: ClusterState, nodes: list[NodeLogs], components: list[str]) -> int:
+    """Print the logs of live nodes: one step per job over all its nodes, ``LIVE_FANOUT``
+    jobs at a time, each task's output in a file of its own (in the state dir, which the
+    nodes see), printed in node order once its step ended."""
+    by_job: dict[str, dict[str, list[list[str]]]] = {}
+    for n in nodes:
+        by_job.setdefault(n.slurm_job, {}).setdefault(n.slurm_node, []).append([n.path, n.title])
+    jobs = list(by_job.items())
+    python = _python(state)
+    out = Path(tempfile.mkdtemp(prefix=".logs-read-", dir=state.dir))
+    status = 0
+    try:
+        for i in range(0, len(jobs), LIVE_FANOUT):
+            running: list[tuple[str, str, subprocess.Popen]] = []
+            try:
+                for job, hosts in jobs[i : i + LIVE_FANOUT]:
+                    mapping = out / f"{job}.json"
+                    mapping.write_text(json.dumps(hosts))
+                    command = python_m(python, NODE_LOGS, "--map", str(mapping))
+                    command += [f"--component={c}" for c in components]
+                    name = logs_step_name(state.cluster_name)
+                    argv = srun_argv(
+                        job,
+                        list(hosts),
+                        command,
+                        name=name,
+                        immediate=slurm_timeout(),
+                        output=str(out / f"{job}.%N"),
+                    )
+                    proc = subprocess.Popen(
+                        argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True
+                    )
+                    running.append((job, name, proc))
+                deadline = time.monotonic() + LIVE_READ_TIMEOUT
+                for job, _name, proc in running:
+                    try:
+                        status = max(status, proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+                    except subprocess.TimeoutExpired:
+                        print(
+                            f"eray-provider: reading the logs of job {job}'s nodes took over "
+                            f"{LIVE_READ_TIMEOUT:.0f} s",
+                            file=sys.stderr,
+                        )
+                        status = 1
+                    for host in by_job[job]:
+                        _print_file(out / f"{job}.{host}", f"{host} (job {job})")
+            except KeyboardInterrupt:
+                raise Interrupted from None
+            finally:
+                _stop_steps(running)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return status
+
+
+def _print_file(path: Path, what: str) -> None:
+    try:
+        with open(path, errors="replace") as f:
+            shutil.copyfileobj(f, sys.stdout)
+    except FileNotFoundError:
+        print(f"eray-provider: no output from {what}", file=sys.stderr)
 
 
 def show_logs(
@@ -209,19 +290,17 @@ def _show_logs(
                 f"{', '.join(n.node_id for n in live) or 'none'})"
             )
         try:
-            return _live(state, live[0], components, follow=True)
+            return _follow(state, live[0], components)
         except Interrupted:
             return 130
-    status = 0
     try:
         for n in chosen:
-            if n.live:
-                status = max(status, _live(state, n, components, follow=False))
-            elif show(Path(n.path), components, n.title) == 0:
+            if not n.live and show(Path(n.path), components, n.title) == 0:
                 print(
                     f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected",
                     file=sys.stderr,
                 )
+        live = [n for n in chosen if n.live]
+        return _read_live(state, live, components) if live else 0
     except (Interrupted, KeyboardInterrupt):
         return 130
-    return status

@@ -389,7 +389,8 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
 def _start_relay(state: ClusterState, head: Head) -> RelayClient:
     python = str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
     job = state.records()[head.node_id].slurm_job or state.job_id
-    name = step_name(state.cluster_name, f"dashboard.{os.getpid()}")
+    # unique across login nodes (a pid is not): the relay step is cancelled by this name
+    name = step_name(state.cluster_name, f"dashboard.{secrets.token_hex(6)}")
     argv = srun_argv(
         job,
         [head.slurm_node],

@@ -302,18 +302,43 @@ def show(root: Path, components: Sequence[str], title: str, out=None) -> int:
     return len(files)
 
 
+def _show_mapped(path: str, components: list[str]) -> int:
+    """One task of a step over many nodes: the logs of every node the map (JSON,
+    ``{slurm node: [[private dir, title], ...]}``) names for this host."""
+    from ..slurm.env import node_name
+    from .node_run import ray_temp_dir
+
+    with open(path) as f:
+        mine = json.load(f).get(node_name(os.environ), [])
+    status = 0
+    for private, title in mine:
+        found = session_logs(ray_temp_dir(private))
+        if found is None:
+            print(f"no Ray session logs under {private}", file=sys.stderr)
+            status = 1
+            continue
+        show(found[1], components, title)
+    return status
+
+
 def main(argv: list[str]) -> int:
-    """On a live node: print (or follow) the logs of its Ray, whose private dir is given."""
+    """On a live node: print (or follow) the logs of its Ray, whose private dir is given;
+    with ``--map``, of every node of this host that a step over many nodes reads."""
     from .node_run import ray_temp_dir
 
     ap = argparse.ArgumentParser(prog=f"python -m {NODE_LOGS}")
-    ap.add_argument("private_dir")
+    ap.add_argument("private_dir", nargs="?")
+    ap.add_argument("--map", help="JSON: {slurm node: [[private dir, title], ...]}")
     ap.add_argument("--title", default="")
     ap.add_argument("--component", action="append", default=[])
     ap.add_argument("--follow", action="store_true")
     ap.add_argument("--pid", type=int, help="with --follow: end when this process ends")
     args = ap.parse_args(argv)
     components = check_components(args.component) or list(DEFAULT_COMPONENTS)
+    if args.map:
+        return _show_mapped(args.map, components)
+    if not args.private_dir:
+        ap.error("a private dir or --map is needed")
     found = session_logs(ray_temp_dir(args.private_dir))
     if found is None:
         print(f"no Ray session logs under {args.private_dir}", file=sys.stderr)

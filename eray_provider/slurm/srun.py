@@ -45,11 +45,13 @@ def srun_argv(
     pty: bool = False,
     immediate: float | None = None,
     unbuffered: bool = False,
+    output: str | None = None,
 ) -> list[str]:
     """One step with one task on each of ``nodes``; ``immediate``: seconds srun may wait
     for the step to be created (``--immediate``) before it gives up, as ssh's
     ``ConnectTimeout`` bounds the connection and not the command; ``unbuffered``: the
-    tasks' output as it comes (srun holds it until a newline otherwise)."""
+    tasks' output as it comes (srun holds it until a newline otherwise); ``output``: a
+    file pattern for each task's output (``%N``: the node's name), written on the node."""
     argv = [
         "srun",
         f"--jobid={job_id}",
@@ -70,6 +72,8 @@ def srun_argv(
         argv.append(f"--immediate={max(1, round(immediate))}")
     if unbuffered:
         argv.append("--unbuffered")
+    if output:
+        argv.append(f"--output={output}")
     return [*argv, *command]
 
 
