@@ -213,7 +213,9 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         finally:
             caught = {}
             for node, proc in spies.items():
-                out, err = proc.communicate(timeout=120)
+                proc.wait(timeout=120)
+                assert proc.stdout is not None and proc.stderr is not None
+                out, err = proc.stdout.read(), proc.stderr.read()  # past what readline buffered
                 caught[node] = json.loads(out.strip().splitlines()[-1]) if out.strip() else err
         assert all(c == {"bound": [], "received": {}} for c in caught.values()), caught
 

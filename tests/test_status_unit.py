@@ -447,3 +447,28 @@ def test_collection_keeps_the_newest_sessions_of_a_node(tmp_path: Path) -> None:
     assert len(sessions) == KEEP_SESSIONS and sessions[-1].startswith(
         f"session_2026-12-04_0{KEEP_SESSIONS + 1}"
     )
+
+
+def test_the_cluster_wide_cap_bounds_what_all_nodes_collect(tmp_path: Path) -> None:
+    from eray_provider.runtime.node_logs import CapReached
+
+    big = b"".join(b"line %06d\n" % i for i in range(20_000))  # 220 kB a file
+    files = {name: big for name in ("raylet.out", "gcs_server.out", "monitor.log", "dashboard.log")}
+    state = _cluster(tmp_path / "state", "c", "5")
+    cap, total_cap = 100_000, 150_000
+
+    def node(name: str) -> Path | None:
+        return collect(_ray_temp(tmp_path / name, files), state.dir, name, cap, {}, total_cap)
+
+    def kept() -> int:
+        return sum(
+            p.stat().st_size for p in (state.dir / "ray-logs").rglob("*") if p.suffix in (".out", ".log")
+        )
+
+    assert node("n1.1") is not None and node("n2.1") is not None
+    assert total_cap - 10_000 < kept() <= total_cap + 2_000  # the second got what was left
+    with pytest.raises(CapReached, match=r"collect_logs_total_mb .*n3.1's were not collected"):
+        node("n3.1")
+    assert [c.node_id for c in collected(state.dir)] == ["n1.1", "n2.1"]
+    # a session collected again replaces its own share: the total does not grow
+    assert node("n1.1", "again") is not None and kept() <= total_cap + 2_000

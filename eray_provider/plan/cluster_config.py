@@ -36,6 +36,9 @@ FILLED = "_eray_filled"
 #: logs when it ends (``runtime.node_logs``).
 DEFAULT_CAP_MB = 20
 MAX_CAP_MB = 10240
+#: The default of ``provider.collect_logs_total_mb``: what all nodes of a cluster keep together
+#: (a 10,000-node cluster would otherwise leave 20 MiB x 3 sessions a node in HOME).
+DEFAULT_TOTAL_CAP_MB = 2048
 
 
 class ClusterConfigError(ConfigError):
@@ -137,12 +140,19 @@ def common_provider_keys(provider: dict[str, Any], python: str | None) -> dict[s
             f"provider.collect_logs_mb must be a number of MiB from 0 (collect nothing) to {MAX_CAP_MB}, "
             f"got {mb!r}"
         )
+    total = provider.get("collect_logs_total_mb", DEFAULT_TOTAL_CAP_MB)
+    if isinstance(total, bool) or not isinstance(total, (int, float)) or total < 0:
+        raise ClusterConfigError(
+            f"provider.collect_logs_total_mb must be a number of MiB, 0 or more (0: collect nothing), "
+            f"got {total!r}"
+        )
     lead = lead_seconds(provider, "drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS, "never drain")
     return {
         "state_dir": state_base(provider),
         "python": python or provider.get("python") or sys.executable,
         "object_store_fraction": float(value),
         "collect_logs_mb": mb,
+        "collect_logs_total_mb": total,
         "drain_before_end_s": lead,
         # workers are started by the provider itself (node_run), never by Ray's updaters
         "disable_node_updaters": True,

@@ -14,7 +14,10 @@ At most ``provider.collect_logs_mb`` MiB (and ``MAX_FILES`` files) a node (0: no
 collected), the files that
 explain a node's end first (raylet, GCS, autoscaler, dashboard), then workers' logs,
 newest first. A file over a quarter of the cap, or over what is left of it, keeps its
-last bytes, after a line that says how much was left out. The teardown keeps
+last bytes, after a line that says how much was left out. All nodes of a cluster
+together keep at most ``provider.collect_logs_total_mb`` MiB: a running total under a
+lock (``ray-logs/.usage``) is what each collection may still take, and a node that finds
+it spent collects nothing (said in its log). The teardown keeps
 ``ray-logs/`` when it deletes the rest of the state dir, so ``eray-provider logs`` shows
 them after the job; ``eray-provider status --prune`` removes them with the rest.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import fcntl
 import fnmatch
 import json
 import os
@@ -34,7 +38,8 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,8 +184,37 @@ def _write_meta(dest: Path, doc: Mapping[str, Any]) -> None:
     os.replace(tmp, dest / "node.json")
 
 
+USAGE_FILE = ".usage"
+
+
+@contextmanager
+def _usage(root: Path) -> Iterator[list[int]]:
+    """The cluster's collected bytes, ``[total]``, read and written back under an exclusive
+    lock (one small file: nodes end at once, 10,000 of them)."""
+    fd = os.open(root / USAGE_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.read(fd, 64).decode(errors="replace").strip()
+        total = [int(raw) if raw.isdigit() else 0]
+        yield total
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(max(0, total[0])).encode())
+    finally:
+        os.close(fd)
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 def collect(
-    ray_temp_dir: str | Path, state_dir: Path, node_id: str, cap_bytes: int, meta: Mapping[str, Any]
+    ray_temp_dir: str | Path,
+    state_dir: Path,
+    node_id: str,
+    cap_bytes: int,
+    meta: Mapping[str, Any],
+    total_cap_bytes: int | None = None,
 ) -> Path | None:
     """Copy the newest session's logs of this node into the state dir; returns where.
 
@@ -188,7 +222,8 @@ def collect(
     state was removed gets nothing back. ``node.json`` is written first (``complete``:
     false) and again at the end, and the files are copied in order of what matters, so a
     collection cut short by SIGKILL keeps what it had copied, and says so. Of each node,
-    the newest ``KEEP_SESSIONS`` sessions are kept."""
+    the newest ``KEEP_SESSIONS`` sessions are kept. With ``total_cap_bytes``, what all
+    nodes keep together stays under it (``CapReached`` when it is spent)."""
     found = session_logs(ray_temp_dir)
     if found is None or cap_bytes <= 0:
         return None
@@ -197,10 +232,21 @@ def collect(
     _private_dir(root)  # no parents: FileNotFoundError if the state is gone
     _private_dir(root / node_id)
     dest = root / node_id / session
-    shutil.rmtree(dest, ignore_errors=True)  # a session collected twice: the later copy
-    _private_dir(dest)
     files = _files(src)
-    keep = plan_collection(files, cap_bytes)
+    with _usage(root) as total:
+        if dest.exists():  # a session collected twice: the later copy
+            total[0] -= _size(dest)
+            shutil.rmtree(dest, ignore_errors=True)
+        if total_cap_bytes is not None:
+            cap_bytes = min(cap_bytes, total_cap_bytes - total[0])
+            if cap_bytes < MIN_TAIL_BYTES:
+                raise CapReached(
+                    f"the cluster's collected logs reached provider.collect_logs_total_mb "
+                    f"({total_cap_bytes / 2**20:.0f} MiB): {node_id}'s were not collected"
+                )
+        keep = plan_collection(files, cap_bytes)
+        total[0] += sum(take for _, take in keep)  # reserved before copying
+    _private_dir(dest)
     doc: dict[str, Any] = dict(
         meta,
         node_id=node_id,
@@ -221,9 +267,17 @@ def collect(
         kept.append(rel)
     doc.update(complete=True, files=kept, cut=cut, left_out=sorted({f[0] for f in files} - set(kept)))
     _write_meta(dest, doc)
-    for old in sorted(p for p in (root / node_id).iterdir() if _SESSION.fullmatch(p.name))[:-KEEP_SESSIONS]:
-        shutil.rmtree(old, ignore_errors=True)
+    old = sorted(p for p in (root / node_id).iterdir() if _SESSION.fullmatch(p.name))[:-KEEP_SESSIONS]
+    if old:
+        with _usage(root) as total:
+            for path in old:
+                total[0] -= _size(path)
+                shutil.rmtree(path, ignore_errors=True)
     return dest
+
+
+class CapReached(OSError):
+    """The cluster-wide cap of collected logs is spent: this node's are not collected."""
 
 
 def _private_dir(path: Path) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import ClusterError, ConfigError
 from ..plan import environment
-from ..plan.cluster_config import DEFAULT_CAP_MB
+from ..plan.cluster_config import DEFAULT_CAP_MB, DEFAULT_TOTAL_CAP_MB
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
@@ -232,6 +232,7 @@ def _collect_logs(
     Best effort, and it never fails the node: a cluster torn down meanwhile (its state
     removed) or a full file system loses only the copy, said on stderr."""
     cap = int(float(provider.get("collect_logs_mb", DEFAULT_CAP_MB)) * 2**20)
+    total = int(float(provider.get("collect_logs_total_mb", DEFAULT_TOTAL_CAP_MB)) * 2**20)
     try:
         slurm_cluster = state.read().get("slurm_cluster", "")
     except (OSError, ValueError, RuntimeError):
@@ -244,7 +245,7 @@ def _collect_logs(
         "exit_code": code,
     }
     try:
-        dest = collect(ray_temp_dir(private), state.dir, node_id, cap, meta)
+        dest = collect(ray_temp_dir(private), state.dir, node_id, cap, meta, total)
     except OSError as e:
         print(f"eray-provider: {node_id}: its Ray logs were not collected: {e}", file=sys.stderr, flush=True)
         return
