@@ -457,8 +457,8 @@ def test_the_cluster_wide_cap_bounds_what_all_nodes_collect(tmp_path: Path) -> N
     state = _cluster(tmp_path / "state", "c", "5")
     cap, total_cap = 100_000, 150_000
 
-    def node(name: str) -> Path | None:
-        return collect(_ray_temp(tmp_path / name, files), state.dir, name, cap, {}, total_cap)
+    def node(name: str, where: str = "") -> Path | None:
+        return collect(_ray_temp(tmp_path / (where or name), files), state.dir, name, cap, {}, total_cap)
 
     def kept() -> int:
         return sum(
