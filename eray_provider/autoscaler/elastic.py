@@ -50,7 +50,15 @@ from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
 from ..runtime.launch import node_env
 from ..runtime.ray_compat import cli_logger
-from ..runtime.slurm_jobs import batch_script, cancel_jobs, check_request, list_jobs, requeue_job, submit
+from ..runtime.slurm_jobs import (
+    batch_script,
+    cancel_jobs,
+    check_request,
+    list_jobs,
+    requeue_job,
+    submit,
+    wait_jobs_ended,
+)
 from ..slurm.allocation import AllocationError, JobGoneError
 from ..slurm.client import (
     SlurmCommandError,
@@ -751,8 +759,9 @@ class SlurmJobProvider(SlurmNodeProvider):
     def cleanup_cluster_resources(self) -> None:
         """The end of ``ray down``, also when the head is gone (then ``ray stop`` never
         reached ``stop_all``): cancel this head's worker jobs and those of earlier heads of
-        this cluster that no longer run, stop the head's steps, then cancel the head's own
-        job when ``ray up`` submitted it."""
+        this cluster that no longer run, wait (bounded) until they have ended, so that their
+        nodes' logs reach the state dir before it goes, stop the head's steps, then cancel
+        the head's own job when ``ray up`` submitted it."""
         jobs = list_jobs(self.cluster_name)
         heads = {j.job_id for j in jobs.values() if is_head_job(j.name, self.cluster_name) and j.live}
         gone_heads: dict[str, bool] = {}
@@ -767,6 +776,10 @@ class SlurmJobProvider(SlurmNodeProvider):
             if head == self.job_id or gone_heads[head]:
                 doomed.append(job.job_id)
         cancel_jobs(doomed)
+        # the workers collect their logs into the state dir as their jobs end: keep it until then
+        still = wait_jobs_ended(doomed)
+        if still:
+            logger.warning("worker jobs %s did not end in time (their logs may be lost)", ", ".join(still))
         for head, gone in gone_heads.items():
             if gone:
                 remove_state_dir(self.state.base / f"{self.cluster_name}-{head}")

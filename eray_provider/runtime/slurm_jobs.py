@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -131,6 +132,28 @@ def cancel_jobs(job_ids: Sequence[str]) -> None:
         run_slurm(["scancel", *job_ids])
     except SlurmAnswerError:
         pass
+
+
+#: How long a teardown waits for cancelled worker jobs to end (their nodes collect their Ray
+#: logs into the state dir on SIGTERM, before SLURM's KillWait ends them).
+JOBS_END_WAIT = 120.0
+
+
+def wait_jobs_ended(job_ids: Sequence[str], timeout: float = JOBS_END_WAIT) -> list[str]:
+    """Wait until squeue lists none of ``job_ids`` as live; returns those still live at the
+    timeout. A failed squeue is no verdict: it is asked again until the timeout."""
+    left = set(job_ids)
+    deadline = time.monotonic() + timeout
+    while left:
+        try:
+            live = {j for j, info in user_jobs().items() if info.live}
+            left &= live
+        except SlurmCommandError:
+            pass
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    return sorted(left)
 
 
 def requeue_job(job_id: str) -> None:
