@@ -174,51 +174,6 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         assert "ray stop" in a.exec("echo ray stop").stdout
         assert len(a.wait_nodes(3, timeout=30)) == 3
 
-        # 4a. no door opened first: the other user cannot listen on loopback on any named port
-        # of the cluster's block, on any node (node_run holds them from before Ray starts), so
-        # a Ray client without the bind shim (a user's own ray.init with the documented
-        # variables, which sends its metrics with the token to 127.0.0.1) hands the spy nothing
-        plan_a = json.loads((a.state_dir / "ports.json").read_text())
-        lo, hi = plan_a["block_start"], plan_a["jax_first"] - 1
-        spy = f"/usr/bin/python3 {REPO}/tests/drivers/loopback_spy.py {lo} {hi} 30"
-        spies = {
-            node: subprocess.Popen(
-                [*node_shell(testbed, node), f"runuser -u {user} -- {spy}"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=testbed.env,
-            )
-            for node in NODES
-        }
-        try:
-            for node, proc in spies.items():
-                assert proc.stdout is not None
-                first = proc.stdout.readline().strip()
-                assert first.startswith("bound "), (node, first, proc.stderr.read() if proc.poll() else "")
-            address = a.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1]
-            driver = (
-                f"env -u LD_PRELOAD RAY_ADDRESS={address} RAY_AUTH_MODE=token "
-                f"RAY_AUTH_TOKEN_PATH={a.state_dir / 'auth_token'} {sys.executable} -c "
-                + shlex.quote(
-                    "import ray, time; ray.init(); "
-                    "print('R', sum(ray.get([ray.remote(lambda i: i).remote(i) for i in range(20)]))); "
-                    "time.sleep(12)"  # long enough for the driver's metrics export
-                )
-            )
-            # on the head's node (a driver on a worker node looks for the head's temp dir
-            # there: Ray's own limit, not this test's); its tasks run on every node
-            ran = testbed.on_node("node1", driver, timeout=180)
-            assert "R 190" in ran.stdout, (ran.stdout[-2000:], ran.stderr[-2000:])
-        finally:
-            caught = {}
-            for node, proc in spies.items():
-                proc.wait(timeout=120)
-                assert proc.stdout is not None and proc.stderr is not None
-                out, err = proc.stdout.read(), proc.stderr.read()  # past what readline buffered
-                caught[node] = json.loads(out.strip().splitlines()[-1]) if out.strip() else err
-        assert all(c == {"bound": [], "received": {}} for c in caught.values()), caught
-
         # 4. the listener census, and the other user's probes from another node
         plans = {c.name: json.loads((c.state_dir / "ports.json").read_text()) for c in (a, b)}
         names = {c: port_names(p) for c, p in plans.items()}
@@ -273,6 +228,51 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         for name in ("gcs", "node_manager", "object_manager", "dashboard", "worker", "runtime_env_agent"):
             assert all(r == "refused" for k, r in results.items() if k.startswith(f"{name}@")), results
         assert any(k.startswith("dashboard@") for k in results) and head_ip
+
+        # 4b. no door opened first: the other user cannot listen on loopback on any named port
+        # of the cluster's block, on any node (node_run holds them from before Ray starts), so
+        # a Ray client without the bind shim (a user's own ray.init with the documented
+        # variables, which sends its metrics with the token to 127.0.0.1) hands the spy nothing
+        plan_a = json.loads((a.state_dir / "ports.json").read_text())
+        lo, hi = plan_a["block_start"], plan_a["jax_first"] - 1
+        spy = f"/usr/bin/python3 {REPO}/tests/drivers/loopback_spy.py {lo} {hi} 30"
+        spies = {
+            node: subprocess.Popen(
+                [*node_shell(testbed, node), f"runuser -u {user} -- {spy}"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=testbed.env,
+            )
+            for node in NODES
+        }
+        try:
+            for node, proc in spies.items():
+                assert proc.stdout is not None
+                first = proc.stdout.readline().strip()
+                assert first.startswith("bound "), (node, first, proc.stderr.read() if proc.poll() else "")
+            address = a.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1]
+            driver = (
+                f"env -u LD_PRELOAD RAY_ADDRESS={address} RAY_AUTH_MODE=token "
+                f"RAY_AUTH_TOKEN_PATH={a.state_dir / 'auth_token'} {sys.executable} -c "
+                + shlex.quote(
+                    "import ray, time; ray.init(); "
+                    "print('R', sum(ray.get([ray.remote(lambda i: i).remote(i) for i in range(20)]))); "
+                    "time.sleep(12)"  # long enough for the driver's metrics export
+                )
+            )
+            # on the head's node (a driver on a worker node looks for the head's temp dir
+            # there: Ray's own limit, not this test's); its tasks run on every node
+            ran = testbed.on_node("node1", driver, timeout=180)
+            assert "R 190" in ran.stdout, (ran.stdout[-2000:], ran.stderr[-2000:])
+        finally:
+            caught = {}
+            for node, proc in spies.items():
+                proc.wait(timeout=120)
+                assert proc.stdout is not None and proc.stderr is not None
+                out, err = proc.stdout.read(), proc.stderr.read()  # past what readline buffered
+                caught[node] = json.loads(out.strip().splitlines()[-1]) if out.strip() else err
+        assert all(c == {"bound": [], "received": {}} for c in caught.values()), caught
 
         # 5. the token is unreadable to the other user, on any node, and so is every node's
         # temp dir: Ray makes its own temp dir world-writable, one level below a private one
