@@ -38,12 +38,18 @@ from testbed_support import REPO, Testbed, other_user, require
 
 from eray_provider.autoscaler.config_cache import cache_path
 from eray_provider.autoscaler.provider import SlurmNodeProvider
+from eray_provider.plan.ports import Excluded, candidates
 from eray_provider.runtime.ray_compat import AGENT_HTTP_TOKEN_CHECK, WORKER_TEMP_DIR_FROM_HEAD
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
 STOCK = REPO / "cluster_yamls" / "slurm-cluster.yaml"
 NODES = ("node1", "node2", "node3")
+#: The bed's port ranges (Linux's default ephemeral range, its SrunPortRange), for the plan's order.
+BED_RANGES = [
+    Excluded(60001, 63000, "SrunPortRange"),
+    Excluded(32768, 60999, "ip_local_port_range", soft=True),
+]
 #: How each of a cluster's listeners is asked for something without the token.
 PROBES = {
     "gcs": ("grpc", "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"),
@@ -163,10 +169,34 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         proc = dotted.ray("up", "-y", str(dotted.config), check=False, timeout=180)
         assert proc.returncode != 0 and "cluster_name: 'pfx.b'" in proc.stdout + proc.stderr
 
-        a.up(env=dict(a.env, TMPDIR=str(login_tmp)))
-        b.up()
-        a.wait_nodes(3)
-        b.wait_nodes(3)
+        # 2b. a co-tenant holds 160 ports on node2, four in each of the job's first 40 candidate
+        # blocks (as the plan on the bed's nodes orders them): the cluster starts all the
+        # same, in a block the probe checked, none of whose ports is held
+        squatted = [c.block_start + k for c in candidates(job, BED_RANGES)[:40] for k in (0, 3, 40, 200)]
+        squatter = subprocess.Popen(
+            [
+                *node_shell(testbed, "node2"),
+                f"runuser -u {user} -- /usr/bin/python3 "
+                f"{REPO}/tests/drivers/port_squatter.py {' '.join(map(str, squatted))}",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=testbed.env,
+        )
+        try:
+            assert squatter.stdout is not None
+            assert squatter.stdout.readline().split() == ["holding", "160"]
+            a.up(env=dict(a.env, TMPDIR=str(login_tmp)))
+            b.up()
+            a.wait_nodes(3)
+            b.wait_nodes(3)
+            for c in (a, b):
+                plan = json.loads((c.state_dir / "ports.json").read_text())
+                block = range(plan["block_start"], plan["max_worker"] + 1)
+                assert not set(block) & set(squatted), (c.name, plan["block_start"])
+        finally:
+            squatter.communicate(input="", timeout=30)
         # what Ray's CLI cached for us is private, and is gone when the command ends
         assert not list(login_tmp.glob("ray-config-*"))
 
