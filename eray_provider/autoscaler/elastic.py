@@ -403,13 +403,16 @@ class SlurmJobProvider(SlurmNodeProvider):
         until SLURM runs it, and complete the provider config with it.
 
         Two `ray up`s submit one job: the look-up and the submission happen under a lock
-        file of the cluster in the state base. The job is cancelled only on SLURM's own
-        verdict (it ended, it cannot start, it waited past ``head_start_timeout_s``) or an
-        interrupt; when SLURM does not answer it is kept (the next `ray up` finds it by
-        name, `ray down` cancels it) and the error says so."""
+        file of the cluster in the state base. The job is cancelled only by the `ray up`
+        that submitted it, and only on SLURM's own verdict (it ended, it cannot start, it
+        waited past ``head_start_timeout_s``) or an interrupt: a `ray up` that found the job
+        of another (still waiting for it) leaves it alone whatever happens to itself. When
+        SLURM does not answer the job is kept (the next `ray up` finds it by name, `ray
+        down` cancels it) and the error says so."""
         base = ensure_private_dir(self.state.base)
         with FileLock(str(base / f".{self.cluster_name}.head.lock"), timeout=slurm_timeout() * 4):
             head = _live_head_job(self.cluster_name)
+            ours = head is None
             if head is None:
                 request = node_request(self.provider_config, node_config, head_type)
                 job = submit(
@@ -435,7 +438,10 @@ class SlurmJobProvider(SlurmNodeProvider):
                 "about the job): `ray up` again uses it, `ray down` cancels it"
             ) from e
         except BaseException:
-            cancel_jobs([job])  # never leave a head job nobody tracks
+            if ours:
+                cancel_jobs([job])  # never leave a head job nobody tracks
+            else:
+                cli_logger.print(f"The head's SLURM job {job} was submitted by another `ray up`: left to it")
             raise
 
     def _wait_head_job(self, job: str) -> None:

@@ -454,6 +454,14 @@ class SlurmNodeProvider(NodeProvider):
         (``launch.teardown``; the state stays when SLURM cannot say the steps ended)."""
         teardown(self.state)
 
+    def cleanup_cluster_resources(self) -> None:
+        """The end of ``ray down``, once no node remains (Ray calls it then): a teardown that
+        was interrupted (Ctrl-C, a ``TeardownError``) left the state "stopping" with nodes
+        that have all exited, so Ray finds nothing to stop and never reaches ``stop_all``;
+        it is finished here, so that the next ``ray up`` starts afresh. Nothing when the
+        state is gone (the usual case: ``stop_all`` ran)."""
+        teardown(self.state)
+
     def terminate_node(self, node_id: str) -> None:
         self.terminate_nodes([node_id])
 

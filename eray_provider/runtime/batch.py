@@ -7,8 +7,10 @@ per-node temp dirs, resources, runtime hook): the head on the first node, every 
 node a worker, each in a step of its own, all started at once. It waits until every
 node has joined (bounded by ``--timeout``), runs COMMAND once as the driver on this node
 with the cluster's address and token set, then cancels the cluster's steps, removes its
-temp dirs and state, and exits with COMMAND's status. SIGTERM/SIGINT (``scancel``, the
-end of the time limit) are passed to COMMAND and the cluster is torn down the same way.
+temp dirs and state, and exits with COMMAND's status. SIGTERM, SIGINT and SIGHUP
+(``scancel``, the end of the time limit, Ctrl-C) are passed to COMMAND once it runs; one
+that comes during the cluster's start ends the start at once, COMMAND never runs, and the
+exit status is 128 + the signal. The cluster is torn down the same way in every case.
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ from .launch import (
 from .ray_compat import RAY_VERSION_TEXT, check_version
 
 DEFAULT_JOIN_TIMEOUT = 300.0
+#: What ends ``eray-provider run`` (passed to the command once it runs).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class StartStopped(BaseException):
+    """A stop signal during the cluster's start: not an ``Exception``, so that no handler of
+    the start takes it for a failure of its own."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signum)
+
+
+def _noted(_signum: int, _frame: object) -> None:
+    """While the cluster is torn down: the signal was seen already."""
 
 
 def _log(msg: str) -> None:
@@ -130,29 +147,42 @@ def run(
     def on_signal(signum, _frame):
         nonlocal stopping
         stopping = True
-        if proc is not None and proc.poll() is None:
+        if proc is None:
+            raise StartStopped(signum)  # the start ends here; the command never runs
+        if proc.poll() is None:
             proc.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
     code = 1
     try:
         start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
         _log(f"running {' '.join(command)}")
         # this process runs on the job's first node, the head's
         head_id = next(i for i, rec in state.records().items() if rec.role == "head")
+        env = {**os.environ, **node_client_env(state, head_id)}
+        # a signal between the command's start and `proc` is held until `proc` is set, then
+        # passed on: the command never runs without anyone to hand it a signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
-            proc = subprocess.Popen(list(command), env={**os.environ, **node_client_env(state, head_id)})
+            proc = subprocess.Popen(list(command), env=env)
         except OSError as e:
             raise ConfigError(f"cannot run the command {command[0]!r}: {e.strerror or e}") from e
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         code = proc.wait()
         _log(f"command exited {code}")
+    except StartStopped as e:
+        _log(f"{signal.Signals(e.signum).name} during the cluster's start: the command was not run")
+        code = 128 + e.signum
     except ConfigError as e:
         _log(f"error: {e}")
         code = 2
     except (ErayError, TimeoutError) as e:  # TimeoutError: the state's lock (filelock)
         _log(f"error: {e}")
     finally:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _noted)  # the teardown runs to its end (SLURM's KillWait bounds it)
         try:
             teardown(state)
             _log("cluster stopped")
