@@ -179,3 +179,23 @@ def test_the_hook_under_its_old_path_is_never_chained_to_itself(monkeypatch) -> 
     monkeypatch.setenv(ENV_USER_HOOK, OLD_WORKER_SETUP_HOOK)
     monkeypatch.delenv("ERAY_JAX_RANK", raising=False)
     hook.setup_worker()  # returns: no recursion, no JAX group to join
+
+
+def test_the_jax_helper_never_starts_ray(tmp_path) -> None:
+    """Asked for GPU ids where no Ray runs in the process (an srun step, before
+    ``auto_ray_cluster``), the helper answers None and starts nothing: ``ray.get_gpu_ids()``
+    there would start a private one-node Ray and write ``~/.ray`` and ``/tmp/ray``."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import ray, sys\n"
+        "from eray_provider.jax import ray_gpu_ids\n"
+        "print(ray_gpu_ids(), ray.is_initialized())\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "RAY_TMPDIR": str(tmp_path / "raytmp")}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["None", "False"], proc.stdout + proc.stderr[-2000:]
+    assert not (tmp_path / ".ray").exists() and not (tmp_path / "raytmp").exists()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 import zlib
@@ -141,10 +142,14 @@ def _check_address(address: str) -> None:
 
 
 def ray_gpu_ids() -> list[int] | None:
-    """Device ids for JAX from the GPUs Ray assigned to this worker (None: no GPUs)."""
+    """Device ids for JAX from the GPUs Ray assigned to this worker (None: no GPUs, or no
+    Ray runs in this process). Ray is asked only when it runs here: ``ray.get_gpu_ids()``
+    elsewhere starts a private one-node Ray (random ports, a token in ``~/.ray``, files in
+    ``/tmp/ray``), which a later ``auto_ray_cluster()`` would then take for the job's."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
     try:
-        import ray
-
         ids = ray.get_gpu_ids()
     except Exception:
         return None
