@@ -129,6 +129,16 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return run(state, port=args.port, via=args.via)
 
 
+def _cmd_env(args: argparse.Namespace) -> int:
+    from .plan.names import default_base
+    from .runtime.dashboard import resolve
+    from .runtime.launch import client_exports
+
+    state = resolve(args.target, args.job, args.state_dir or default_base())
+    print("\n".join(client_exports(state)))
+    return 0
+
+
 def _job_and_state_dir(s: argparse.ArgumentParser, state_dir: dict[str, Any]) -> None:
     s.add_argument(
         "--job", help="which job's cluster of that name (default: the YAML's, or the one that runs)"
@@ -218,13 +228,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="the head's dashboard on a local port, with a link that logs the browser in",
         description="Forward 127.0.0.1:PORT here to the head's dashboard (directly, or through an "
         "srun step on the head where this machine cannot route to the nodes) until the cluster "
-        "ends or Ctrl-C. The printed link sets the cluster's token as Ray's cookie.",
+        "ends or Ctrl-C. The printed link logs the browser in with a cookie of this forward "
+        "(never the token), worth nothing once it ends.",
     )
     s.add_argument("target", metavar="CONFIG_OR_CLUSTER", help="a cluster YAML or a cluster name")
     _job_and_state_dir(s, state_dir)
     s.add_argument("--port", type=int, default=8265, help="local port (default 8265; 0: any free port)")
     s.add_argument("--via", default="auto", help="auto (default), direct or srun")
     s.set_defaults(func=_cmd_dashboard)
+
+    s = sub.add_parser(
+        "env",
+        help="the variables Ray's own clients need for a running cluster, as export lines to eval",
+        description="Print `export` lines for ray.init(), the Jobs SDK, `ray job` and notebooks: "
+        "RAY_ADDRESS (the head's GCS), RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (the cluster's "
+        'private token file). Use: eval "$(eray-provider env CLUSTER)".',
+    )
+    s.add_argument("target", metavar="CONFIG_OR_CLUSTER", help="a cluster YAML or a cluster name")
+    _job_and_state_dir(s, state_dir)
+    s.set_defaults(func=_cmd_env)
     return p
 
 

@@ -8,9 +8,11 @@ import json
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -191,6 +193,23 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
                 cookie = _login_cookie(link)
                 assert cookie.startswith("ray-authentication-token=") and token not in cookie
                 assert _status(f"{base}/api/nodes?view=summary", cookie) == 200
+
+                if via == "srun":
+                    # Ray's Jobs SDK through the forward, with what `eray-provider env` prints
+                    exports = testbed.run(["eray-provider", "env", str(cluster.config)], env=cluster.env)
+                    env = dict(cluster.env)
+                    for line in exports.stdout.splitlines():
+                        name, _, value = line.removeprefix("export ").partition("=")
+                        env[name] = shlex.split(value)[0]
+                    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"].endswith(
+                        "auth_token"
+                    )
+                    sdk = testbed.run(
+                        [sys.executable, str(REPO / "tests" / "drivers" / "jobs_sdk.py"), base],
+                        env=env,
+                        timeout=300,
+                    )
+                    assert sdk.stdout.splitlines()[-1] == "OK", sdk.stdout + sdk.stderr[-2000:]
             finally:
                 rest = fwd.interrupt()
             assert fwd.proc.returncode == 0, rest

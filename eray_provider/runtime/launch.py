@@ -78,6 +78,21 @@ def cluster_env(state: ClusterState) -> dict[str, str]:
     ).to_env()
 
 
+def client_exports(state: ClusterState) -> list[str]:
+    """``export NAME=value`` lines of what Ray's own clients need to reach the running
+    cluster (``ray.init()``, the Jobs SDK, ``ray job``, a notebook): the GCS address, token
+    mode and path, and the variables of ``eray_provider.jax``; for ``eval`` in a shell.
+    ``ClusterError`` when the cluster does not run (no state, no head)."""
+    which = f"cluster {state.cluster_name!r} of job {state.job_id}"
+    if not state.exists():
+        raise ClusterError(f"{which} is not running ({state.dir})")
+    env = cluster_env(state)
+    if "RAY_ADDRESS" not in env:
+        raise ClusterError(f"{which} has no running head")
+    names = ("RAY_ADDRESS", *environment.CLIENT_VARIABLES)
+    return [f"export {k}={shlex.quote(env[k])}" for k in names if k in env]
+
+
 def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
     """``cluster_env`` for a command run on one of the cluster's nodes (``ray exec``, the
     driver of ``eray-provider run``): its Ray client talks to the node's metrics agent over
