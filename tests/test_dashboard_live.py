@@ -192,7 +192,7 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
                 # opens the dashboard through the forward only
                 cookie = _login_cookie(link)
                 assert cookie.startswith("ray-authentication-token=") and token not in cookie
-                assert _status(f"{base}/api/nodes?view=summary", cookie) == 200
+                assert _status(f"{base}/nodes?view=summary", cookie) == 200
 
                 if via == "srun":
                     # Ray's Jobs SDK through the forward, with what `eray-provider env` prints
@@ -217,8 +217,8 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
             assert not [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard")]
             # once the forward has ended, a captured cookie (a co-tenant who binds the freed
             # port gets what the open tab sends) opens nothing at the dashboard itself
-            assert _status(f"{dashboard}/api/nodes?view=summary", cookie) == 401
-            assert _status(f"{dashboard}/api/nodes?view=summary", f"ray-authentication-token={token}") == 200
+            assert _status(f"{dashboard}/nodes?view=summary", cookie) == 401
+            assert _status(f"{dashboard}/nodes?view=summary", f"ray-authentication-token={token}") == 200
     finally:
         cluster.down(check=False)
         testbed.cancel(job)

@@ -39,6 +39,7 @@ def _doc(*nodes: tuple[str, str, dict]) -> dict:
     return {
         "cluster_name": "c",
         "job_id": "77",
+        "slurm_cluster": "testcl",
         "nodes": {node_id: {"role": role, **rec} for node_id, role, rec in nodes},
     }
 
@@ -48,6 +49,7 @@ IPS = {"n1.1": "10.0.0.1", "n2.2": "10.0.0.2"}
 
 
 def _summarize(doc=FIXED, ips=IPS, exits=None, jobs=None, alive=None, provider=None, **kw):
+    kw.setdefault("slurm_cluster", "testcl")
     return summarize(
         doc,
         ips,
@@ -87,7 +89,17 @@ def test_a_job_slurm_no_longer_lists_has_ended_and_may_be_pruned() -> None:
 
 def test_a_failed_squeue_says_nothing_of_the_job() -> None:
     st = summarize(
-        FIXED, IPS, {}, {}, PLAN, None, None, state_dir="/s", token_file="/t", squeue_error="timed out"
+        FIXED,
+        IPS,
+        {},
+        {},
+        PLAN,
+        None,
+        None,
+        state_dir="/s",
+        token_file="/t",
+        squeue_error="timed out",
+        slurm_cluster="testcl",
     )
     assert st.state == "unknown" and not st.prunable and "timed out" in st.problems[0]
 
@@ -209,9 +221,18 @@ def test_a_cluster_of_another_slurm_cluster_is_left_alone() -> None:
     assert _summarize(doc=dict(FIXED, slurm_cluster="here"), jobs={}, slurm_cluster="here").prunable
 
 
+#: The SLURM cluster the states of these tests are of, and the one `status` runs on.
+SLURM_CLUSTER = "testcl"
+
+
+@pytest.fixture(autouse=True)
+def _this_slurm_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", SLURM_CLUSTER)
+
+
 def _cluster(base: Path, name: str, job: str) -> ClusterState:
     state = ClusterState(name, job, base)
-    state.create()
+    state.create(slurm_cluster=SLURM_CLUSTER)
     state.add_nodes([("n1", "head", {})])
     return state
 
@@ -472,3 +493,18 @@ def test_the_cluster_wide_cap_bounds_what_all_nodes_collect(tmp_path: Path) -> N
     assert [c.node_id for c in collected(state.dir)] == ["n1.1", "n2.1"]
     # a session collected again replaces its own share: the total does not grow
     assert node("n1.1", "again") is not None and kept() <= total_cap + 2_000
+
+
+def test_a_state_that_does_not_name_its_slurm_cluster_is_never_pruned(tmp_path: Path, bindir: Path) -> None:
+    """Job ids are per SLURM cluster: a job this controller no longer lists may run on
+    another SLURM cluster sharing HOME, when the state did not record which one it is of."""
+    base = tmp_path / "state"
+    state = ClusterState("anon", "5", base)
+    state.create()  # `scontrol show config` timed out and SLURM_CLUSTER_NAME was unset
+    state.add_nodes([("n1", "head", {})])
+    _fake_squeue(bindir, "")
+    (st,) = gather(base)
+    assert st.state == "ended" and not st.prunable
+    assert "does not say which SLURM cluster" in st.problems[0] and str(state.dir) in st.problems[0]
+    assert main(["status", "--prune", "--state-dir", str(base)]) in (0, 1)
+    assert state.state_path.exists()

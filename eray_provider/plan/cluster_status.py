@@ -200,6 +200,12 @@ def summarize(
                 f"job {job_id} {how}, but its worker job(s) {', '.join(workers)} still run: "
                 f"`ray down` of the cluster's YAML (or scancel) ends them"
             )
+        elif not recorded:
+            # job ids are per SLURM cluster: one sharing HOME may run this job now
+            st.problems.append(
+                f"job {job_id} {how} here, but the state does not say which SLURM cluster it is "
+                f"of, so `--prune` leaves it: remove {state_dir} once you know the job ended"
+            )
         else:
             st.prunable = True
             st.problems.append(
