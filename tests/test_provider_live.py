@@ -59,6 +59,9 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         up = cluster.up()
         # every node starts with the head, and `ray up` returns once all have joined
         assert "eray-provider: 3 of 3 nodes alive" in up.stdout + up.stderr, up.stdout[-3000:]
+        # and says nothing false on the way (Ray's start-command checks see what they look for)
+        for false_warning in ("will not be started because", "will not launch any workers"):
+            assert false_warning not in up.stdout + up.stderr, up.stdout[-3000:]
         nodes = cluster.wait_nodes(3, timeout=60)
         by_node = {n["labels"]["slurm-node"]: n for n in nodes}
         assert sorted(by_node) == ["node1", "node2", "node3"]

@@ -30,7 +30,7 @@ from .node_spec import (
 
 #: The head's start command: the command runner recognises it and launches the head's
 #: long-lived step from the launcher host instead of running it inside a short step.
-LAUNCH_HEAD = "eray-provider-launch-head --autoscaling-config=~/ray_bootstrap_config.yaml"
+LAUNCH_HEAD = "eray-provider-launch-head: ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"
 FILLED = "_eray_filled"
 #: The default and the most of ``provider.collect_logs_mb``: what is kept of a node's Ray
 #: logs when it ends (``runtime.node_logs``).
