@@ -46,7 +46,17 @@ def main() -> int:
     t0 = time.monotonic()
     if started:
         step("the SLURM test bed: 3 nodes, each in its own network namespace")
-        run([str(TESTBED), "up"], env)
+        # the checkout (its .venv) must be seen by the nodes, as on a shared file system,
+        # also where it lies under /tmp, which each node has a private one of
+        run([str(TESTBED), "up", "--share", str(REPO)], env)
+    seen = subprocess.run(
+        [str(TESTBED), "exec", "node1", "test", "-x", sys.executable], capture_output=True, timeout=60
+    )
+    if seen.returncode != 0:
+        raise SystemExit(
+            f"demo: the running test bed's nodes do not see {REPO} (each node has a private /tmp): "
+            f"run `scripts/slurm-testbed down`, then `make demo` again"
+        )
     env.update(line.split(" ", 1)[1].split("=", 1) for line in
                subprocess.run([str(TESTBED), "env"], capture_output=True, text=True).stdout.split("\n")
                if line.startswith("export "))
