@@ -191,7 +191,7 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
                 # what the browser holds is a session of this forward, never the token; it
                 # opens the dashboard through the forward only
                 cookie = _login_cookie(link)
-                assert cookie.startswith("ray-authentication-token=") and token not in cookie
+                assert cookie.startswith("eray-forward-") and token not in cookie
                 assert _status(f"{base}/nodes?view=summary", cookie) == 200
 
                 if via == "srun":

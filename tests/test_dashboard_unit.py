@@ -69,9 +69,9 @@ def test_the_login_link_needs_the_secret() -> None:
         "",
     ):
         assert login_target(line.encode(), "s3cret") is None, line
-    head = login_response("tok", "/nodes?view=summary").decode()
+    head = login_response("eray-forward-8265", "sess", "/nodes?view=summary").decode()
     assert head.startswith("HTTP/1.1 303") and "Location: /nodes?view=summary\r\n" in head
-    assert f"Set-Cookie: {TOKEN_COOKIE}=tok; Path=/; HttpOnly; SameSite=Strict" in head
+    assert "Set-Cookie: eray-forward-8265=sess; Path=/; HttpOnly; SameSite=Strict\r\n" in head
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -184,8 +184,9 @@ def forward(tmp_path):
     handler = type("Dash", (_Dashboard,), {"token": token})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    fwd = Forwarder(state, Head("fwd-head", "node1", "127.0.0.1", server.server_port), None)
     listener = socket.create_server(("127.0.0.1", 0))
+    head = Head("fwd-head", "node1", "127.0.0.1", server.server_port)
+    fwd = Forwarder(state, head, None, listener.getsockname()[1])
     ended: list[str] = []
     thread = threading.Thread(target=lambda: ended.append(fwd.serve(listener)), daemon=True)
     thread.start()
@@ -196,13 +197,13 @@ def forward(tmp_path):
     server.shutdown()
 
 
-def _ask(port: int, path: str, cookie: str | None = None, timeout: float = 30):
+def _ask(port: int, path: str, cookie: str | None = None, timeout: float = 30, headers=None):
     """(status, headers) of a GET that does not follow redirects."""
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", path, headers={"Cookie": cookie} if cookie else {})
+        conn.request("GET", path, headers={**({"Cookie": cookie} if cookie else {}), **(headers or {})})
         r = conn.getresponse()
         r.read()
         return r.status, r.headers
@@ -216,10 +217,15 @@ def test_the_browser_gets_a_session_secret_which_the_forward_swaps_for_the_token
     assert status == 303
     cookie = headers["Set-Cookie"].split(";")[0]
     name, _, session = cookie.partition("=")
-    assert name == TOKEN_COOKIE and session == fwd.session and session != token and token not in str(headers)
+    assert name == f"eray-forward-{port}" and session == fwd.session and session != token
+    assert token not in str(headers)
     # carried with the session: the dashboard sees the token; the browser never held it
     status, headers = _ask(port, "/api/nodes", f"other=1; {cookie}")
     assert status == 200 and headers[TOKEN_HEADER] == f"other=1; {TOKEN_COOKIE}={token}"
+    # a page of another site (any other port of 127.0.0.1) makes the browser send the cookie
+    # too: such a request is carried as it came, and refused
+    assert _ask(port, "/api/nodes", cookie, headers={"Sec-Fetch-Site": "same-site"})[0] == 401
+    assert _ask(port, "/api/nodes", cookie, headers={"Sec-Fetch-Site": "same-origin"})[0] == 200
     # no cookie, or a wrong one: carried as it came, refused by the dashboard
     assert _ask(port, "/api/nodes")[0] == 401
     assert _ask(port, "/api/nodes", f"{TOKEN_COOKIE}=guess")[0] == 401
@@ -232,18 +238,22 @@ def test_rewrite_head_one_request_per_connection() -> None:
 
     head = (
         b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
-        b"Cookie: a=b; ray-authentication-token=SESS\r\n\r\n"
+        b"Cookie: a=b; eray-forward-1=SESS; ray-authentication-token=OLD\r\n\r\n"
     )
-    out = rewrite_head(head, "SESS", "TOK")
+    out = rewrite_head(head, "eray-forward-1", "SESS", "TOK")
     assert out == (
         b"GET /x HTTP/1.1\r\nHost: h\r\nCookie: a=b; ray-authentication-token=TOK\r\n"
         b"Connection: close\r\n\r\n"
     )
     up = b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
-    assert rewrite_head(up, "SESS", "TOK") == up  # an upgrade is left as asked
-    # a value that is not the session (the user's own client sends the token) passes as it is
-    mine = b"GET / HTTP/1.1\r\nCookie: ray-authentication-token=TOK2\r\n\r\n"
-    assert b"ray-authentication-token=TOK2" in rewrite_head(mine, "SESS", "TOK")
+    assert rewrite_head(up, "eray-forward-1", "SESS", "TOK") == up  # an upgrade is left as asked
+    # no valid session of ours (another forward's, a guess, the user's own client's token):
+    # the cookie is carried as it came
+    for cookie in (b"eray-forward-2=SESS", b"eray-forward-1=GUESS", b"ray-authentication-token=TOK2"):
+        mine = b"GET / HTTP/1.1\r\nCookie: " + cookie + b"\r\n\r\n"
+        assert b"Cookie: " + cookie + b"\r\n" in rewrite_head(mine, "eray-forward-1", "SESS", "TOK")
+    cross = b"GET / HTTP/1.1\r\nSec-Fetch-Site: cross-site\r\nCookie: eray-forward-1=SESS\r\n\r\n"
+    assert b"TOK" not in rewrite_head(cross, "eray-forward-1", "SESS", "TOK")
 
 
 SLOW_CLIENTS = """

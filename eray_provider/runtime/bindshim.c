@@ -9,11 +9,11 @@
  * 127.0.0.1) to the node's address, so everything keeps working. Other ports, other
  * addresses and other processes are untouched.
  *
- * node_run holds 127.0.0.1 and [::1] on the cluster's ports (loopback_hold.py) with
- * SO_REUSEPORT, so that no other user can listen where our clients send the token. A bind
- * of such a held port to loopback or to the wildcard (Ray's dashboard agent also listens on
- * 127.0.0.1; a dashboard on 127.0.0.1) gets SO_REUSEPORT here, which the kernel allows
- * beside the hold only for sockets of the same user.
+ * node_run holds 127.0.0.1, [::1] and the node's address on the cluster's named ports
+ * (loopback_hold.py) with SO_REUSEPORT, so that no other user can listen where our clients
+ * send the token. A bind of such a held port to one of those addresses or to the wildcard
+ * (Ray's components on the node's address, the dashboard agent's 127.0.0.1 site) gets
+ * SO_REUSEPORT here, which the kernel allows beside the hold only for the same user.
  *
  *   ERAY_BIND_ADDRESS  the node's IPv4 address (the one Ray runs on)
  *   ERAY_BIND_PORTS    port ranges: "lo-hi[,lo-hi...]" (at most 64)
@@ -139,21 +139,27 @@ static int call_next(sock_fn *cache, const char *name, long sysno, int fd, const
     return fn(fd, use, len);
 }
 
-/* Whether `addr` is loopback or the wildcard on a port node_run holds on loopback. */
+/* Whether `addr` is loopback, the node's address or the wildcard, on a port node_run holds. */
 static int joins_hold(const struct sockaddr *addr, socklen_t len) {
     if (!addr || !held.n) return 0;
     if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
         uint32_t a = ntohl(in->sin_addr.s_addr);
-        return (a == INADDR_ANY || a == INADDR_LOOPBACK) && in_ranges(&held, ntohs(in->sin_port));
+        int ours = a == INADDR_ANY || a == INADDR_LOOPBACK ||
+                   (have_node && in->sin_addr.s_addr == node_addr.s_addr);
+        return ours && in_ranges(&held, ntohs(in->sin_port));
     }
     if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
-        struct in6_addr loop4;
+        struct in6_addr loop4, node6;
         to_mapped(&loop4, (struct in_addr){htonl(INADDR_LOOPBACK)});
-        int local = IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr) || IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
-                    memcmp(&in6->sin6_addr, &loop4, sizeof loop4) == 0;
-        return local && in_ranges(&held, ntohs(in6->sin6_port));
+        int ours = IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr) || IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+                   memcmp(&in6->sin6_addr, &loop4, sizeof loop4) == 0;
+        if (have_node) {
+            to_mapped(&node6, node_addr);
+            ours = ours || memcmp(&in6->sin6_addr, &node6, sizeof node6) == 0;
+        }
+        return ours && in_ranges(&held, ntohs(in6->sin6_port));
     }
     return 0;
 }

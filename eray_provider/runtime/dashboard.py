@@ -12,14 +12,16 @@ node) and carries every connection to the head's dashboard:
 ``auto`` (the default) tries a direct connection first. The dashboard demands the
 cluster's token (Ray's token authentication). The browser never holds the token: the
 printed link ``/eray-provider/login/<secret>`` (a random secret of this run, answered here
-and never forwarded) sets Ray's cookie (``ray-authentication-token``) to a *session*
-secret of this run, and the forward swaps that value for the token in each request it
-carries. When the forward ends the session is forgotten, so a cookie captured later (a
-co-tenant who binds the freed local port, an ``ssh -L`` tunnel still pointing there)
-opens nothing. Only connections of this user are served (the peer's uid, from the
-kernel's socket table); another user's are closed at once, so they cannot hold the
-forward's slots. A request's head must arrive within one deadline, and the cluster's end
-is checked (SLURM asked) off the accept path.
+and never forwarded) sets a cookie of this forward (``eray-forward-<port>``) to a
+*session* secret of this run, and the forward replaces it with Ray's own cookie holding the
+token in each request it carries, unless the browser says the request comes from another
+site (``Sec-Fetch-Site``: any page on another port of 127.0.0.1 counts as one). When the
+forward ends the session is forgotten, so a cookie captured later (a co-tenant who binds
+the freed local port, an ``ssh -L`` tunnel still pointing there) opens nothing. Only
+connections of this user are served (the peer's uid, from the kernel's socket table);
+another user's are closed at once, so they cannot hold the forward's slots. ``[::1]`` is
+held on the same port. A request's head must arrive within one deadline, and the cluster's
+end is checked (SLURM asked) off the accept path.
 
 It ends with the cluster (the relay step ends with the job; otherwise the head's exit,
 the state's removal or SLURM's word that the job is gone) or on Ctrl-C, and the relay
@@ -48,6 +50,7 @@ from ..slurm.client import SlurmCommandError, slurm_timeout
 from ..slurm.env import job_id_from_env
 from ..slurm.srun import job_state, srun_argv
 from .cluster_state import ClusterState
+from .loopback_hold import bind_held
 from .node_run import current_head
 from .relay_client import RelayClient
 from .socket_table import connection_uid
@@ -55,6 +58,11 @@ from .socket_table import connection_uid
 LOGIN_PREFIX = "/eray-provider/login/"
 #: Ray's cookie for the dashboard's token (``authentication_constants``).
 TOKEN_COOKIE = "ray-authentication-token"
+#: Our cookie's name, one per local port: two forwards at once keep their own.
+SESSION_COOKIE = "eray-forward-{port}"
+#: ``Sec-Fetch-Site`` values of requests the browser made from the forward's own pages, or
+#: that the user typed (``none``); absent for clients that are not browsers.
+OWN_SITE = (b"same-origin", b"none")
 DIRECT_CONNECT_TIMEOUT = 3.0
 #: Seconds a connection may take to send its whole request head (one deadline, not per read).
 HEAD_TIMEOUT = 10.0
@@ -114,14 +122,13 @@ def login_target(first_line: bytes, secret: str) -> str | None:
     return nxt
 
 
-def login_response(session: str, location: str = "/") -> bytes:
-    """Set Ray's token cookie to this run's session secret (``HttpOnly``,
-    ``SameSite=Strict``, as Ray's own login sets it; no ``Max-Age``: it ends with the
-    browser, and is worth nothing once the forward ends) and send the browser on to
-    ``location`` (a path ``login_target`` checked)."""
+def login_response(cookie: str, session: str, location: str = "/") -> bytes:
+    """Set this forward's cookie to its session secret (``HttpOnly``, ``SameSite=Strict``; no
+    ``Max-Age``: it ends with the browser, and is worth nothing once the forward ends) and
+    send the browser on to ``location`` (a path ``login_target`` checked)."""
     return (
         "HTTP/1.1 303 See Other\r\n"
-        f"Set-Cookie: {TOKEN_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict\r\n"
+        f"Set-Cookie: {cookie}={session}; Path=/; HttpOnly; SameSite=Strict\r\n"
         f"Location: {location}\r\n"
         "Cache-Control: no-store\r\n"
         "Referrer-Policy: no-referrer\r\n"
@@ -130,39 +137,48 @@ def login_response(session: str, location: str = "/") -> bytes:
     ).encode()
 
 
-def _swap_cookie(value: bytes, session: bytes, token: bytes) -> bytes:
-    """A ``Cookie`` header's value with our session cookie, if present, holding the token."""
-    out = []
+def _swap_cookie(value: bytes, cookie: bytes, session: bytes, token: bytes) -> bytes | None:
+    """A ``Cookie`` header's value with our session cookie replaced by Ray's token cookie;
+    None when it holds no valid session of ours (then it is carried as it came)."""
+    kept, ours = [], False
     for part in value.split(b";"):
         name, eq, val = part.strip().partition(b"=")
-        if eq and name == TOKEN_COOKIE.encode() and hmac.compare_digest(val.strip(), session):
-            part = b" " + name + b"=" + token
-        out.append(part)
-    return b";".join(out).strip()
+        if eq and name == cookie:
+            ours = ours or hmac.compare_digest(val.strip(), session)
+            continue
+        if eq and name == TOKEN_COOKIE.encode():
+            continue  # ours replaces any other
+        if part.strip():
+            kept.append(part.strip())
+    if not ours:
+        return None
+    return b"; ".join([*kept, TOKEN_COOKIE.encode() + b"=" + token])
 
 
-def rewrite_head(head: bytes, session: str, token: str) -> bytes:
-    """The request head to carry: our session cookie swapped for the cluster's token, and
-    ``Connection: close`` (one request per carried connection, so each request's head
-    passes here; a protocol upgrade is left as asked). Any other cookie value, a token of
-    the user's own client among them, is carried as it came."""
+def rewrite_head(head: bytes, cookie: str, session: str, token: str) -> bytes:
+    """The request head to carry: our session cookie replaced by Ray's cookie holding the
+    cluster's token (only for a request of the forward's own pages or typed by the user,
+    per ``Sec-Fetch-Site``), and ``Connection: close`` (one request per carried connection,
+    so each request's head passes here; a protocol upgrade is left as asked). Any other
+    cookie, a token of the user's own client among them, is carried as it came."""
     lines = head.split(b"\r\n")
-    out = [lines[0]]
-    upgrade = False
+    fields = []
     for line in lines[1:]:
-        if not line:
-            continue
         name, colon, value = line.partition(b":")
-        key = name.strip().lower()
-        if colon and key == b"cookie":
-            line = name + b": " + _swap_cookie(value, session.encode(), token.encode())
-        elif colon and key == b"connection":
-            if b"upgrade" not in value.lower():
-                continue
-            upgrade = True
-        elif colon and key == b"keep-alive":
+        if line and colon:
+            fields.append((name.strip().lower(), name, value))
+    site = next((v.strip().lower() for k, _, v in fields if k == b"sec-fetch-site"), None)
+    trusted = site is None or site in OWN_SITE
+    upgrade = any(k == b"connection" and b"upgrade" in v.lower() for k, _, v in fields)
+    out = [lines[0]]
+    for key, name, value in fields:
+        if key == b"cookie" and trusted:
+            swapped = _swap_cookie(value, cookie.encode(), session.encode(), token.encode())
+            out.append(name + b": " + (swapped if swapped is not None else value.strip()))
+        elif key in (b"connection", b"keep-alive") and not upgrade:
             continue
-        out.append(line)
+        else:
+            out.append(name + b":" + value)
     if not upgrade:
         out.append(b"Connection: close")
     return b"\r\n".join(out) + b"\r\n\r\n"
@@ -223,11 +239,12 @@ class Forwarder:
     """Accepts local connections of its own user: answers the login link, carries the rest
     to the head with the session swapped for the token."""
 
-    def __init__(self, state: ClusterState, head: Head, relay: RelayClient | None) -> None:
+    def __init__(self, state: ClusterState, head: Head, relay: RelayClient | None, port: int) -> None:
         self.state, self.head, self.relay = state, head, relay
         self.token = state.token_path.read_text().strip()
         self.secret = secrets.token_urlsafe(24)
         self.session = secrets.token_urlsafe(32)
+        self.cookie = SESSION_COOKIE.format(port=port)
         self.owner = os.geteuid()
         self.refused = 0
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -242,9 +259,9 @@ class Forwarder:
             head, rest = got
             location = login_target(head.split(b"\r\n", 1)[0], self.secret)
             if location is not None:
-                sock.sendall(login_response(self.session, location))
+                sock.sendall(login_response(self.cookie, self.session, location))
                 return
-            first = rewrite_head(head, self.session, self.token) + rest
+            first = rewrite_head(head, self.cookie, self.session, self.token) + rest
             if self.relay is not None:
                 self.relay.carry(sock, first)
             else:
@@ -347,6 +364,7 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
         listener = socket.create_server(("127.0.0.1", port))
     except OSError as e:
         raise ConfigError(f"--port {port}: cannot listen on 127.0.0.1:{port}: {e}") from e
+    v6 = _hold_v6_loopback(listener.getsockname()[1], out)
     relay = None
     reason = "?"
     previous = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -357,8 +375,8 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
                 raise _Terminated(
                     f"the relay step on {head.slurm_node} did not start within {RELAY_START_TIMEOUT:.0f} s"
                 )
-        forwarder = Forwarder(state, head, relay)
         local = listener.getsockname()[1]
+        forwarder = Forwarder(state, head, relay, local)
         print(
             f"eray-provider: the dashboard of cluster {state.cluster_name!r} (job {state.job_id}, head "
             f"{head.address}:{head.port}, {'through an srun step' if relay else 'direct'}) is at\n"
@@ -377,6 +395,8 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
     finally:
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
         listener.close()
+        if v6 is not None:
+            v6.close()
         if relay is not None:
             relay.stop()
         signal.signal(signal.SIGINT, interrupt)
@@ -384,6 +404,22 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
             signal.signal(sig, handler)
     print(f"eray-provider: dashboard forwarding ended: {reason}", file=out, flush=True)
     return 0 if reason in ("Ctrl-C", "SIGTERM", "SIGHUP") else 1
+
+
+def _hold_v6_loopback(port: int, out) -> socket.socket | None:
+    """``[::1]:port`` held while the forward runs (bound, not listening: refused there), so
+    that ``localhost:PORT``, which may resolve to it, never reaches another user's listener.
+    A port someone else holds there is said, not an error: the printed link is 127.0.0.1's."""
+    try:
+        return bind_held(socket.AF_INET6, "::1", port)
+    except OSError as e:
+        print(
+            f"eray-provider: warning: [::1]:{port} is taken ({e.strerror or e}): open the 127.0.0.1 "
+            "link below, never localhost",
+            file=out,
+            flush=True,
+        )
+        return None
 
 
 def _start_relay(state: ClusterState, head: Head) -> RelayClient:

@@ -1,4 +1,5 @@
-"""The cluster's ports on loopback, held by us on every node from before Ray starts until it ends.
+"""The cluster's named ports, held by us on every node from before Ray starts until it ends:
+on loopback and on the node's own address.
 
 The bind shim moves Ray's wildcard binds to the node's address, which would leave
 ``127.0.0.1:<port>`` free on every node: a co-tenant could listen there first, and every
@@ -7,7 +8,10 @@ its metrics, with the token, to ``127.0.0.1:<agent port>``) would hand it the to
 rule: no secret goes to an address that someone else could have claimed before us. So
 ``node_run`` binds ``127.0.0.1`` and ``[::1]`` on the named ports of the cluster's blocks
 (``plan.ports.held_ranges``: every port a Ray client reaches over loopback) before anything
-of Ray runs, and keeps them until Ray has ended.
+of Ray runs, and keeps them until Ray has ended. It holds the node's own address on them
+too: a worker waits for the head's GCS by connecting to ``<head ip>:<gcs port>``, and the
+dashboard forward connects to ``<head ip>:<dashboard port>``; a co-tenant who bound either
+before Ray did (or after a component died) would be sent the token.
 
 The held sockets are bound, not listening: a connection to them is refused, as it was
 when nothing held them. They carry ``SO_REUSEPORT``, which the kernel extends only to
@@ -59,7 +63,7 @@ class LoopbackHold:
         self.sockets.clear()
 
 
-def _bind(family: int, address: str, port: int) -> socket.socket | None:
+def bind_held(family: int, address: str, port: int) -> socket.socket | None:
     """A held socket, or None where this host has no such loopback (no IPv6: nobody can
     bind it either). ``OSError`` when the port is taken."""
     try:
@@ -81,18 +85,20 @@ def _bind(family: int, address: str, port: int) -> socket.socket | None:
     return s
 
 
-def hold_loopback(ranges: Sequence[tuple[int, int]]) -> LoopbackHold:
-    """Bind loopback on every port of ``ranges``; ``PortsTakenError`` naming the taken ports
-    and their listeners when any is taken (nothing is held then)."""
+def hold_loopback(ranges: Sequence[tuple[int, int]], node_ip: str | None = None) -> LoopbackHold:
+    """Bind loopback (and ``node_ip``, an IPv4 address of this host) on every port of
+    ``ranges``; ``PortsTakenError`` naming the taken ports and their listeners when any is
+    taken (nothing is held then)."""
     ports = [p for lo, hi in ranges for p in range(lo, hi + 1)]
-    _raise_fd_limit(2 * len(ports))
+    addresses = [*LOOPBACKS, *([(socket.AF_INET, node_ip)] if node_ip else [])]
+    _raise_fd_limit(len(addresses) * len(ports))
     hold = LoopbackHold()
     taken: list[int] = []
     try:
         for port in ports:
-            for family, address in LOOPBACKS:
+            for family, address in addresses:
                 try:
-                    s = _bind(family, address, port)
+                    s = bind_held(family, address, port)
                 except OSError as e:
                     if e.errno != errno.EADDRINUSE:
                         raise PortsTakenError(f"cannot hold {address} port {port} on this node: {e}") from e
@@ -116,5 +122,6 @@ def describe_taken(ports: Sequence[int]) -> str:
     who = ", ".join(user_name(u) for u in uids) if uids else "a socket that does not listen (owner unknown)"
     return (
         f"ports {ranges_text(port_runs(ports))} of this cluster's port plan are bound on this "
-        f"node's loopback by someone else ({who}): a client's token could reach them; the node will not start"
+        f"node by someone else ({who}): a client's token could reach them; the node will not start "
+        "(`ray down`, then `ray up` plans other ports)"
     )

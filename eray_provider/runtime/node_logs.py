@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ClusterError, ConfigError
 from ..plan.modules import NODE_LOGS
 
 #: The name of the dir of collected logs inside a cluster's state dir.
@@ -234,16 +234,17 @@ def collect(
     dest = root / node_id / session
     files = _files(src)
     with _usage(root) as total:
-        if dest.exists():  # a session collected twice: the later copy
-            total[0] -= _size(dest)
-            shutil.rmtree(dest, ignore_errors=True)
+        earlier = _size(dest) if dest.exists() else 0  # a session collected twice: the later copy
         if total_cap_bytes is not None:
-            cap_bytes = min(cap_bytes, total_cap_bytes - total[0])
-            if cap_bytes < MIN_TAIL_BYTES:
+            cap_bytes = min(cap_bytes, total_cap_bytes - (total[0] - earlier))
+            if cap_bytes < MIN_TAIL_BYTES:  # raised before anything changed: the total holds
                 raise CapReached(
                     f"the cluster's collected logs reached provider.collect_logs_total_mb "
                     f"({total_cap_bytes / 2**20:.0f} MiB): {node_id}'s were not collected"
                 )
+        if earlier:
+            total[0] -= earlier
+            shutil.rmtree(dest, ignore_errors=True)
         keep = plan_collection(files, cap_bytes)
         total[0] += sum(take for _, take in keep)  # reserved before copying
     _private_dir(dest)
@@ -276,7 +277,7 @@ def collect(
     return dest
 
 
-class CapReached(OSError):
+class CapReached(ClusterError):
     """The cluster-wide cap of collected logs is spent: this node's are not collected."""
 
 

@@ -44,7 +44,7 @@ from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
 from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
 from .loopback_hold import LoopbackHold, hold_loopback
-from .node_logs import collect
+from .node_logs import CapReached, collect
 from .port_probe import busy_ports, host_exclusions, port_open
 from .process_identity import identity
 from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
@@ -246,7 +246,7 @@ def _collect_logs(
     }
     try:
         dest = collect(ray_temp_dir(private), state.dir, node_id, cap, meta, total)
-    except OSError as e:
+    except (OSError, CapReached) as e:
         print(f"eray-provider: {node_id}: its Ray logs were not collected: {e}", file=sys.stderr, flush=True)
         return
     if dest is not None:
@@ -394,7 +394,7 @@ def _supervise(
     """Until the node's Ray ends: SIGTERM and SIGINT are passed on to it, and SLURM's
     warning of the job's end (``walltime.END_SIGNAL``) drains this node now (a helper
     appended to ``drains``, which the caller stops). Returns Ray's exit code."""
-    stop_asked: list[float] = []
+    stop_asked: list[float] = _asked  # a stop passed on before these handlers counts
 
     def forward(signum: int, _frame: object) -> None:
         stop_asked.append(time.monotonic())
@@ -410,7 +410,7 @@ def _supervise(
     return _wait_ray(proc, stop_asked)
 
 
-class Stopped(Exception):
+class Stopped(ClusterError):
     """SIGTERM or SIGINT before Ray runs (``ray down``, ``scancel``, a preemption during the
     setup commands, the wait for the head or a stand-by): the node ends as a failure does,
     leaving its exit marker and removing its temp dir."""
@@ -420,7 +420,16 @@ class Stopped(Exception):
         super().__init__(f"stopped by {signal.Signals(signum).name} before its Ray ran")
 
 
+#: The node's Ray once started: a stop signal from then on is passed to it, not raised.
+_ray: list[subprocess.Popen[bytes]] = []
+_asked: list[float] = []
+
+
 def _stop_early(signum: int, _frame: object) -> None:
+    if _ray:  # between Ray's start and _supervise's own handlers
+        _asked.append(time.monotonic())
+        _ray[0].send_signal(signum)
+        return
     raise Stopped(signum)
 
 
@@ -462,11 +471,12 @@ def main() -> int:
         else:
             alloc = Allocation.from_dict(provider["allocation"])
             node_plan = plan
+        ip = pick_ip(provider.get("network"))
         shim = None if provider.get("bind_all_interfaces") else shim_path()
         if shim:
-            # before anything of Ray runs, until it has ended (loopback_hold)
-            hold = hold_loopback(held_ranges([node_plan, plan]))
-        ip = pick_ip(provider.get("network"))
+            # before anything of Ray runs (and before the ip marker tells workers where the
+            # head is), until it has ended (loopback_hold)
+            hold = hold_loopback(held_ranges([node_plan, plan]), ip)
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
         tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
         state.write_temp_dirs(node_id, node_name, [tmp])
@@ -533,6 +543,7 @@ def main() -> int:
             stand_by(state, node_id, launch.replaces)
         state.check_launchable()  # a teardown that began while this step started wins
         proc = subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
+        _ray.append(proc)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
         replaced = bool(provider.get("elastic")) and provider.get("replace_before_end_s", 0) > 0

@@ -16,6 +16,7 @@ start; the parsing half is pure, for unit tests.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -50,15 +51,29 @@ class NodeReport:
     holders: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
+def _wildcard_free(family: int, port: int) -> bool:
+    """Whether this family's wildcard can be bound on ``port``: it clashes with any bound
+    address of that family (an IPv6-only wildcard with ``[::1]`` too, which an IPv4 bind
+    does not see). A host without IPv6 has nothing bound there."""
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return family == socket.AF_INET6  # no IPv6 here: nothing is bound there
+    with s:
+        try:
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        except OSError as e:
+            return family == socket.AF_INET6 and e.errno == errno.EADDRNOTAVAIL
+    return True
+
+
 def busy_ports(ports: list[int]) -> list[int]:
-    busy = []
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                busy.append(port)
-    return busy
+    """The ports some socket of this host is bound to, on any address of either family."""
+    return [
+        p for p in ports if not (_wildcard_free(socket.AF_INET, p) and _wildcard_free(socket.AF_INET6, p))
+    ]
 
 
 def port_open(host: str, port: int, timeout: float = 2) -> bool:

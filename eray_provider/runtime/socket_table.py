@@ -29,6 +29,9 @@ class SocketRow:
     remote: tuple[str, int]
     state: int
     uid: int
+    #: 0 for a socket no process holds any more (closed, in FIN_WAIT2 or TIME_WAIT): its
+    #: uid column reads 0, which says nothing of who opened it
+    inode: int = 0
 
 
 def _address(field: str) -> tuple[str, int]:
@@ -50,7 +53,10 @@ def parse_table(text: str) -> list[SocketRow]:
         if len(parts) < 8 or not parts[0].endswith(":"):
             continue
         try:
-            rows.append(SocketRow(_address(parts[1]), _address(parts[2]), int(parts[3], 16), int(parts[7])))
+            inode = int(parts[9]) if len(parts) > 9 else 0
+            rows.append(
+                SocketRow(_address(parts[1]), _address(parts[2]), int(parts[3], 16), int(parts[7]), inode)
+            )
         except ValueError:
             continue
     return rows
@@ -79,14 +85,13 @@ def listeners(ports: Iterable[int], rows: Iterable[SocketRow]) -> dict[int, set[
 
 def peer_uid(peer: tuple[str, int], local: tuple[str, int], rows: Iterable[SocketRow]) -> int | None:
     """The uid of the process that connected from ``peer`` to our ``local`` listener: the
-    row whose local end is the peer and whose remote end is ours. None when not found (the
-    peer is gone, or not on this host)."""
+    row whose local end is the peer and whose remote end is ours, held by a process (a row
+    of inode 0 is an orphan whose uid reads 0: never taken for root's). None when not found
+    (the peer is gone, or not on this host)."""
     want_peer = (str(ipaddress.ip_address(peer[0])), peer[1])
     want_local = (str(ipaddress.ip_address(local[0])), local[1])
-    for row in rows:
-        if row.local == want_peer and row.remote == want_local:
-            return row.uid
-    return None
+    found = [r for r in rows if r.local == want_peer and r.remote == want_local and r.inode]
+    return found[0].uid if len(found) == 1 else None
 
 
 def connection_uid(sock: socket.socket) -> int | None:

@@ -15,15 +15,16 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ClusterError, ConfigError
 
 
 class AllocationError(ConfigError):
     """SLURM facts that are missing, malformed or contradict each other."""
 
 
-class JobGoneError(AllocationError):
-    """The job has ended (or never existed): it holds no nodes any more."""
+class JobGoneError(ClusterError):
+    """The job has ended (or never existed): it holds no nodes any more. A fact about the
+    job, not bad input: the command line exits 1 for it, not 2."""
 
 
 @dataclass(frozen=True)
