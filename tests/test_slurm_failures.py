@@ -245,3 +245,18 @@ def test_a_yaml_naming_an_ended_job_is_no_stale_cache_inside_another_job(
     stale = {**provider, "job_id": "789", "job_id_from_config": False}
     with pytest.raises(AllocationError, match="is for job 789, but this is job 456"):
         SlurmNodeProvider(stale, "gone")
+
+
+def test_a_job_that_ended_is_a_cluster_error_not_bad_input(bindir, capsys) -> None:
+    """``JobGoneError`` is SLURM's word about the job, not the user's input: exit 1, not 2."""
+    from eray_provider import cli
+    from eray_provider.errors import ClusterError, ConfigError
+    from eray_provider.slurm.allocation import JobGoneError
+
+    assert issubclass(JobGoneError, ClusterError) and not issubclass(JobGoneError, ConfigError)
+    scontrol = bindir / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    scontrol.chmod(0o755)
+    assert cli.main(["inspect", "--job-id", "4242"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("eray-provider: error: ") and "4242" in err and "Traceback" not in err
