@@ -143,13 +143,17 @@ def run(
 
     proc: subprocess.Popen | None = None
     stopping = False
+    launching = False  # the command's Popen runs: a signal now waits for its handle
+    pending: list[int] = []
 
     def on_signal(signum, _frame):
         nonlocal stopping
         stopping = True
-        if proc is None:
+        if proc is None and not launching:
             raise StartStopped(signum)  # the start ends here; the command never runs
-        if proc.poll() is None:
+        if proc is None:
+            pending.append(signum)  # passed on once the command's handle is known
+        elif proc.poll() is None:
             proc.send_signal(signum)
 
     for sig in STOP_SIGNALS:
@@ -161,15 +165,15 @@ def run(
         # this process runs on the job's first node, the head's
         head_id = next(i for i, rec in state.records().items() if rec.role == "head")
         env = {**os.environ, **node_client_env(state, head_id)}
-        # a signal between the command's start and `proc` is held until `proc` is set, then
-        # passed on: the command never runs without anyone to hand it a signal
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        # a signal while the command starts is kept and passed on once `proc` is set (not a
+        # blocked signal mask: the command would inherit it, and never see SIGTERM)
+        launching = True
         try:
             proc = subprocess.Popen(list(command), env=env)
         except OSError as e:
             raise ConfigError(f"cannot run the command {command[0]!r}: {e.strerror or e}") from e
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        for signum in pending:
+            proc.send_signal(signum)
         code = proc.wait()
         _log(f"command exited {code}")
     except StartStopped as e:
