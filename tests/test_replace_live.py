@@ -293,7 +293,7 @@ def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_pa
     after = [job for job, (first, _last) in seen.items() if job != old and first > since]
     assert after and any(summary["ran"].get(job, 0) for job in after), summary
     assert min(seen[job][0] for job in after) <= seen[old][1], seen  # joined before the old one left
-    assert not [r for r in records.values() if r.get("replaces") == f"j{old}-0"], records
+    assert not [r for r in records.values() if r.get("replaces") == f"j{old}-0"], (records, happened, summary)
     log = AutoscalerLog(monitor)  # the first worker, and the autoscaler's own replacement of it
     assert len(log.launched) == 2 and not log.adopted and not log.from_ray, vars(log)
 

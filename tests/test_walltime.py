@@ -293,3 +293,15 @@ def test_the_head_watcher_needs_the_gcs_only_near_a_drain(tmp_path) -> None:
     assert not gcs_needed(None, state, quiet, 300, set(), 10)  # squeue failed: no verdict
     assert not gcs_needed({**far, "7": job("7", 15)}, state, quiet, 0, set(), 10)  # lead 0: never drains
     assert gcs_needed(far, None, None, 300, set(), 10)  # no state: cannot tell the cluster's jobs
+
+
+def test_a_job_whose_end_moved_earlier_was_cut_short() -> None:
+    """Preemption moves a job's end to now plus GraceTime: the provider then leaves its
+    replacement to Ray's autoscaler (the node drains at SLURM's signal)."""
+    from eray_provider.slurm.walltime import CUT_SHORT_SECONDS, cut_short
+
+    first = 10_000.0
+    assert not cut_short(None, first)  # first seen
+    assert not cut_short(first, first)  # running to its end as planned
+    assert not cut_short(first, first - CUT_SHORT_SECONDS + 1)  # a clock's jitter
+    assert cut_short(first, first - 1800 + 30)  # 30 min early: preempted

@@ -76,6 +76,7 @@ from ..slurm.walltime import (
     DEFAULT_DRAIN_LEAD_SECONDS,
     EndingJob,
     WalltimeError,
+    cut_short,
     due_replacements,
     failed_replacements,
     paired_visibility,
@@ -136,6 +137,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         env = os.environ
         self._on_head = launched_head_of(env, cluster_name)
         self._replace_retry: dict[str, float] = {}
+        #: each running worker job's latest planned end: one that moves earlier was cut short
+        self._planned_ends: dict[str, float] = {}
         #: of the last view: the replacement node ids and the nodes standing by
         #: (``_hand_over`` looks at these), and the worker nodes alive, shown or hidden
         self._replacements: frozenset[str] = frozenset()
@@ -616,7 +619,9 @@ class SlurmJobProvider(SlurmNodeProvider):
         A job is replaced only whole, and only while every node of it is a plain
         running worker: none terminated (the autoscaler let a node of a multi-node job
         go), exited, drained (Ray's autoscaler replaces a draining node itself, at
-        once), replaced already, or itself a replacement that has not taken over."""
+        once), replaced already, or itself a replacement that has not taken over; and not
+        when SLURM cut its end short (``walltime.cut_short``: a preemption, whose drain
+        may not be recorded yet when this round runs)."""
         lead = float(self.provider_config.get("replace_before_end_s", 0))
         if lead <= 0:
             return
@@ -637,6 +642,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             )
 
         ending = []
+        self._planned_ends = {j: e for j, e in self._planned_ends.items() if j in jobs}
         for job in jobs.values():
             parsed = parse_worker_job_name(job.name, self.cluster_name)
             if job.state != "RUNNING" or not parsed or parsed[0] != self.job_id:
@@ -650,6 +656,11 @@ class SlurmJobProvider(SlurmNodeProvider):
             except WalltimeError as e:
                 logger.warning("job %s: %s", job.job_id, e)
                 continue
+            if end is not None:
+                planned = self._planned_ends.get(job.job_id)
+                self._planned_ends[job.job_id] = max(end, planned or end)  # a requeue runs later
+                if cut_short(planned, end):
+                    continue  # preempted: drained at SLURM's signal, replaced by Ray's autoscaler
             if end is not None and limit is not None:
                 ending.append(EndingJob(job.job_id, parsed[1], end, limit))
         stagger = float(self.provider_config.get("end_stagger_s", 0))

@@ -238,6 +238,18 @@ def replacement_leads(jobs: Iterable[EndingJob], lead: float, stagger: float) ->
     return out
 
 
+#: How much earlier than first seen a job's end must move to count as cut short.
+CUT_SHORT_SECONDS = 60.0
+
+
+def cut_short(first_end: float | None, end: float) -> bool:
+    """Whether SLURM moved a job's end earlier than it was first seen (preemption sets it to
+    now plus ``GraceTime``; an update of its end time): such a job is not replaced ahead of
+    its end, since its node is drained at SLURM's signal and Ray's autoscaler replaces a
+    draining node itself (one replacement more would be a node too many)."""
+    return first_end is not None and end < first_end - CUT_SHORT_SECONDS
+
+
 def due_replacements(jobs: Iterable[EndingJob], now: float, lead: float, stagger: float) -> list[EndingJob]:
     """The jobs whose replacement is due now (``replacement_leads``); none when ``lead`` is 0."""
     if lead <= 0:
