@@ -17,18 +17,9 @@ from pathlib import Path
 
 import pytest
 from ray_cluster_support import VENV_BIN, Cluster, state_left
-from testbed_support import REPO, Testbed
+from testbed_support import REPO, Testbed, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
-
-
-def _until(what: str, check, proc: subprocess.Popen | None = None, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the command ended before {what}")
-        assert time.monotonic() < deadline, f"never saw {what} within {timeout} s"
-        time.sleep(0.1)
 
 
 def _stopping(state_dir: Path) -> bool:
@@ -59,7 +50,7 @@ def test_an_interrupted_ray_down_is_finished_by_the_next(testbed: Testbed, tmp_p
                 text=True,
             )
             if when == "stopping":
-                _until("the teardown begin", lambda: _stopping(cluster.state_dir), down, timeout=120)
+                wait_until("the teardown begin", lambda: _stopping(cluster.state_dir), down, timeout=120)
             else:
                 time.sleep(float(when))  # the user's Ctrl-C, at that moment of `ray down`
             down.send_signal(signal.SIGINT)
@@ -96,7 +87,9 @@ def test_sigterm_during_run_start_never_runs_the_command_and_tears_down(testbed:
     )
     try:
         # the cluster's start is under way: the head's step is launched
-        _until("the head's launch", lambda: bool(_cluster_steps(testbed, job, "sigterm")), run, timeout=120)
+        wait_until(
+            "the head's launch", lambda: bool(_cluster_steps(testbed, job, "sigterm")), run, timeout=120
+        )
         # SIGTERM to the task itself, as slurmstepd sends it at a time limit or a preemption
         testbed.on_node("node1", f"kill -TERM {pidfile.read_text().strip()}")
         out, _ = run.communicate(timeout=300)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testbed_support import wait_until
 
 from eray_provider.plan.environment import NodeLaunch
 from eray_provider.plan.modules import NODE_RUN, python_m
@@ -70,15 +71,6 @@ def _start(state: ClusterState, replaces: str | None = None) -> tuple[subprocess
     return proc, node_id
 
 
-def _until(what: str, check, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc.poll() is not None:
-            raise AssertionError(f"node_run ended before {what}: {proc.stdout.read() if proc.stdout else ''}")
-        assert time.monotonic() < deadline, f"node_run never reached {what}"
-        time.sleep(0.1)
-
-
 def _stop_and_check(state: ClusterState, proc: subprocess.Popen, node_id: str) -> None:
     _node, dirs = state.temp_dirs(node_id)
     assert dirs and all(Path(d).is_dir() for d in dirs), dirs
@@ -94,7 +86,7 @@ def test_sigterm_during_the_setup_commands(tmp_path) -> None:
     state = _cluster(tmp_path, ["echo setup-running > {}; exec sleep 120".format(tmp_path / "setup")])
     proc, node_id = _start(state)
     try:
-        _until("its setup command", (tmp_path / "setup").exists, proc)
+        wait_until("its setup command", (tmp_path / "setup").exists, proc, timeout=60)
         _stop_and_check(state, proc, node_id)
     finally:
         proc.kill()
@@ -104,7 +96,7 @@ def test_sigterm_while_waiting_for_the_head(tmp_path) -> None:
     state = _cluster(tmp_path, [])
     proc, node_id = _start(state)
     try:
-        _until("the head's wait", lambda: bool(state.temp_dirs(node_id)[1]), proc)
+        wait_until("the head's wait", lambda: bool(state.temp_dirs(node_id)[1]), proc, timeout=60)
         time.sleep(0.5)  # inside wait_for_head's loop: no head is recorded
         assert proc.poll() is None
         _stop_and_check(state, proc, node_id)
@@ -123,7 +115,9 @@ def test_sigterm_while_a_replacement_stands_by(tmp_path) -> None:
     state.write_temp_dirs(head, "headnode", [str(tmp_path / "head-tmp")])
     proc, node_id = _start(state, replaces="4242")
     try:
-        _until("its stand-by", lambda: state.read_marker(node_id, "standby") is not None, proc)
+        wait_until(
+            "its stand-by", lambda: state.read_marker(node_id, "standby") is not None, proc, timeout=60
+        )
         _stop_and_check(state, proc, node_id)
     finally:
         proc.kill()
@@ -135,7 +129,7 @@ def test_sigint_is_a_stop_too(tmp_path, signum) -> None:
     state = _cluster(tmp_path, [])
     proc, node_id = _start(state)
     try:
-        _until("the head's wait", lambda: bool(state.temp_dirs(node_id)[1]), proc)
+        wait_until("the head's wait", lambda: bool(state.temp_dirs(node_id)[1]), proc, timeout=60)
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
         assert state.read_marker(node_id, "exit") == str(128 + signum), out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,17 @@ def other_user() -> str:
         if proc.returncode != 0:
             require(f"cannot create the second user {OTHER_USER}: {proc.stderr.strip()}")
     return OTHER_USER
+
+
+def wait_until(
+    what: str, check: Callable[[], bool], proc: subprocess.Popen | None = None, timeout: float = 300
+) -> None:
+    """Poll ``check`` (an event, not a time) until it holds; fail naming ``what`` when
+    ``timeout`` passes, or at once when ``proc`` ends first (with what it printed)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the process ended before {what}: {out[-3000:]}")
+        assert time.monotonic() < deadline, f"never saw {what} within {timeout} s"
+        time.sleep(0.1)
