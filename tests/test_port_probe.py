@@ -90,6 +90,7 @@ class _State:
 
     def __init__(self) -> None:
         self.saved = None
+        self.claimed: str | None = None
 
     def ports(self):
         return self.saved
@@ -97,22 +98,42 @@ class _State:
     def save_ports(self, plan) -> None:
         self.saved = plan
 
+    def save_claimed_temp_dir(self, path: str) -> None:
+        self.claimed = path
 
-def _fake_srun(monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, set[int]], holder=""):
-    calls: list[list[int]] = []
+
+def _fake_srun(
+    monkeypatch, ranges: dict[str, tuple[int, int]], busy: dict[str, set[int]], holder="", plant=None
+):
+    """srun of the probe over fake nodes; ``plant(node, path)`` names who made a claimed path
+    first there ("" for nobody). Every call's probed ports go to the list returned, its
+    ``--claim``/``--drop`` arguments to the list's ``dirs``."""
+    calls = _Calls()
 
     def run(argv, **kwargs):
-        ports = [int(p) for p in argv[argv.index(PORT_PROBE) + 1 :]]
+        args = argv[argv.index(PORT_PROBE) + 1 :]
+        claim = next((a.split("=", 1)[1] for a in args if a.startswith("--claim=")), "")
+        calls.dirs.append((claim, [a.split("=", 1)[1] for a in args if a.startswith("--drop=")]))
+        ports = [int(p) for p in args if not p.startswith("--")]
         calls.append(ports)
         lines = []
         for node, (lo, hi) in ranges.items():
             seen = tuple(p for p in ports if p in busy.get(node, ()))
             held = ((holder, seen),) if holder and seen else ()
-            lines += format_report(NodeReport(node, seen, (lo, hi), holders=held))
+            planted = plant(node, claim) if plant and claim else ""
+            lines += format_report(NodeReport(node, seen, (lo, hi), holders=held, planted=planted))
         return subprocess.CompletedProcess(argv, 0, "\n".join(lines) + "\n", "")
 
     monkeypatch.setattr(launch.subprocess, "run", run)
     return calls
+
+
+class _Calls(list):
+    dirs: list[tuple[str, list[str]]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dirs = []
 
 
 LAUNCHER = [Excluded(32768, 60999, "ip_local_port_range", soft=True), Excluded(60001, 63000, "SrunPortRange")]
@@ -173,3 +194,95 @@ def test_a_cotenant_on_every_block_fails_naming_ports_and_holder(monkeypatch) ->
     with pytest.raises(PortPlanError, match=r"every port block is in use") as err:
         launch.ensure_port_plan(_State(), ALLOC, "python")
     assert "n1: busy" in str(err.value) and "mallory listens on" in str(err.value), str(err.value)
+
+
+def test_the_heads_temp_dir_is_claimed_on_every_node_in_the_first_probe(monkeypatch) -> None:
+    """Rays before 2.55: the head's temp dir is made on every node in the probe's step, so
+    no worker host can have it made by another user first; no extra srun when nobody did."""
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    calls = _fake_srun(monkeypatch, {"n1": (32768, 60999), "n2": (32768, 60999)}, {})
+    state = _State()
+    launch.ensure_port_plan(state, ALLOC, "python", "/scratch")
+    assert len(calls) == 1 and calls.dirs[0][1] == []
+    claim = calls.dirs[0][0]
+    assert state.claimed == claim and claim.startswith("/scratch/eray-5123-"), calls.dirs
+    assert launch.ensure_port_plan(_State(), ALLOC, "python") is not None  # Ray 2.55+: no claim
+    assert calls.dirs[-1] == ("", [])
+
+
+def test_a_planted_temp_dir_name_is_dropped_and_a_new_one_claimed(monkeypatch) -> None:
+    """Another user who sees a claimed name on one node and makes it first on another (a
+    race against one srun step) only costs a round: the name is never used, ours are removed,
+    and the next name is claimed on every node."""
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    seen: list[str] = []
+
+    def plant(node: str, path: str) -> str:
+        if node == "n2" and not seen:
+            seen.append(path)
+            return "mallory"
+        return ""
+
+    calls = _fake_srun(monkeypatch, {"n1": (32768, 60999), "n2": (32768, 60999)}, {}, plant=plant)
+    state = _State()
+    plan = launch.ensure_port_plan(state, ALLOC, "python", "/tmp")
+    (first, _), (second, dropped) = calls.dirs
+    assert seen == [first] and dropped == [first] and second != first
+    assert state.claimed == second and state.saved == plan
+    assert calls[1] == []  # the plan was found in the first round: the second claims only
+
+
+def test_a_cotenant_who_plants_every_name_stops_the_start_naming_node_and_user(monkeypatch) -> None:
+    monkeypatch.setattr(launch, "host_exclusions", lambda: LAUNCHER)
+    ranges = {"n1": (32768, 60999), "n2": (32768, 60999)}
+    calls = _fake_srun(monkeypatch, ranges, {}, plant=lambda node, path: "mallory" if node == "n2" else "")
+    state = _State()
+    with pytest.raises(launch.LaunchError, match=r"n2 \(made by mallory\).*Ray 2\.55 or later"):
+        launch.ensure_port_plan(state, ALLOC, "python", "/tmp")
+    assert state.claimed is None and state.saved is None
+    assert calls.dirs[-1] == ("", [calls.dirs[-2][0]])  # the last claim, removed where it is ours
+    assert len(calls) == launch.MAX_PROBE_ROUNDS + 1
+
+
+def test_claim_makes_a_private_dir_and_names_who_made_one_first(tmp_path) -> None:
+    """The node side of the claim (``port_probe --claim``): a dir of another user, or one of
+    ours that others can enter, is reported, never used; ``--drop`` removes only an empty
+    private dir of ours."""
+    import os
+    import pwd
+    import stat
+
+    from eray_provider.runtime.port_probe import claim_dir, drop_dir
+
+    mine = tmp_path / "eray-1-a"
+    assert claim_dir(str(mine)) == "" and stat.S_IMODE(mine.stat().st_mode) == 0o700
+    assert claim_dir(str(mine)) == ""  # ours already: a probe that runs again
+    me = pwd.getpwuid(os.getuid()).pw_name
+    loose = tmp_path / "eray-1-b"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    assert claim_dir(str(loose)) == me
+    (tmp_path / "target").mkdir(mode=0o700)
+    (tmp_path / "eray-1-c").symlink_to(tmp_path / "target")
+    assert claim_dir(str(tmp_path / "eray-1-c")) == me  # a link is never taken for a dir
+    if os.getuid() == 0:
+        planted = tmp_path / "eray-1-d"
+        planted.mkdir(mode=0o700)
+        os.chown(planted, 65534, 65534)
+        assert claim_dir(str(planted)) == pwd.getpwuid(65534).pw_name
+        drop_dir(str(planted))
+        assert planted.is_dir()
+    drop_dir(str(loose))
+    assert loose.is_dir()  # not private: not one of our claims
+    (mine / "x").write_text("")
+    drop_dir(str(mine))
+    assert mine.is_dir()  # not empty: a node runs in it
+    (mine / "x").unlink()
+    drop_dir(str(mine))
+    assert not mine.exists()
+
+
+def test_planted_lines_round_trip() -> None:
+    lines = format_report(NodeReport("node2", (), (32768, 60999), planted="mallory"))
+    assert "node2 planted mallory" in lines
+    assert parse_reports("\n".join(lines))["node2"].planted == "mallory"

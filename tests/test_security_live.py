@@ -39,6 +39,7 @@ from testbed_support import REPO, Testbed, other_user, require
 from eray_provider.autoscaler.config_cache import cache_path
 from eray_provider.autoscaler.provider import SlurmNodeProvider
 from eray_provider.plan.ports import Excluded, candidates
+from eray_provider.runtime.port_probe import parse_reports
 from eray_provider.runtime.ray_compat import AGENT_HTTP_TOKEN_CHECK, WORKER_TEMP_DIR_FROM_HEAD
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -195,6 +196,14 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
                 plan = json.loads((c.state_dir / "ports.json").read_text())
                 block = range(plan["block_start"], plan["max_worker"] + 1)
                 assert not set(block) & set(squatted), (c.name, plan["block_start"])
+                # before Ray 2.55, the path every worker's Ray takes is the head's, claimed on
+                # every node by the probe before the head started (test_a_planted_temp_dir...)
+                claimed = c.state_dir / "claimed_temp_dir"
+                assert claimed.exists() == WORKER_TEMP_DIR_FROM_HEAD
+                if WORKER_TEMP_DIR_FROM_HEAD:
+                    dirs = [p.read_text().splitlines() for p in (c.state_dir / "nodes").glob("*.tmpdir")]
+                    head = next(d for d in dirs if d[0] == "node1")  # the head's (node, dirs...)
+                    assert head[1:] == [claimed.read_text()], dirs
         finally:
             squatter.communicate(input="", timeout=30)
         # what Ray's CLI cached for us is private, and is gone when the command ends
@@ -356,3 +365,30 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         testbed.cancel(job)
         marker.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", str(login_tmp)], check=False)
+
+
+@pytest.mark.smoke
+def test_a_planted_temp_dir_is_reported_by_the_probe_and_never_used(testbed: Testbed) -> None:
+    """The node side of the temp dir claim (``launch.temp_dir_claim``), on the real nodes: the
+    probe's step makes the path private on every node, and names the other user who made it
+    first on one; ``--drop`` then removes ours and leaves theirs."""
+    user = other_user()
+    job = testbed.salloc("-N3", "-c1", "--mem=500", "-J", "eray-claim")
+    path = f"/tmp/eray-{job}-{uuid.uuid4().hex[:12]}"
+    try:
+        as_other_user(testbed, "node2", user, f"mkdir -m 700 {path}")
+        probe = [sys.executable, "-m", "eray_provider.runtime.port_probe"]
+        srun = ["srun", f"--jobid={job}", "-N3", "--ntasks-per-node=1", "--overlap"]
+        proc = testbed.run([*srun, *probe, f"--claim={path}", "20001"], timeout=120)
+        reports = parse_reports(proc.stdout)
+        assert sorted(reports) == list(NODES)
+        assert {n: r.planted for n, r in reports.items()} == {"node1": "", "node2": user, "node3": ""}
+        for node in NODES:
+            owner = testbed.on_node(node, f"stat -c '%U %a' {path}").stdout.split()
+            assert owner == ([user, "700"] if node == "node2" else ["root", "700"]), (node, owner)
+        testbed.run([*srun, *probe, f"--drop={path}"], timeout=120)
+        left = {n: testbed.on_node(n, f"test -d {path}", check=False).returncode == 0 for n in NODES}
+        assert left == {"node1": False, "node2": True, "node3": False}, left
+    finally:
+        testbed.on_node("node2", f"rm -rf {path}", check=False)
+        testbed.cancel(job)

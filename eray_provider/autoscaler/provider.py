@@ -45,6 +45,7 @@ from ..runtime.launch import (
     launch_workers,
     start_head,
     teardown,
+    temp_dir_claim,
     wait_head_ready,
     wait_joined,
 )
@@ -365,7 +366,7 @@ class SlurmNodeProvider(NodeProvider):
 
                 state.mark_requested(live[0], tags)
                 return live[0]
-            ensure_port_plan(state, self._allocation(), self.python)
+            ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.provider_config))
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
         self._drop_views()

@@ -38,6 +38,7 @@ from .launch import (
     node_client_env,
     start_head,
     teardown,
+    temp_dir_claim,
     wait_head_ready,
     wait_joined,
 )
@@ -96,7 +97,7 @@ def start_cluster(
     python = provider["python"]
     with state.lock(timeout=120, creating=True):
         state.create(slurm_cluster=known_cluster_name(os.environ))
-        ensure_port_plan(state, alloc, python)
+        ensure_port_plan(state, alloc, python, temp_dir_claim(provider))
         state.save_cluster_config({"provider": provider})
     head = alloc.head.name
     types = worker_types(alloc)

@@ -379,6 +379,17 @@ class ClusterState:
     def save_ports(self, plan: PortPlan) -> None:
         _write_private(self.dir / "ports.json", plan.to_json())
 
+    def claimed_temp_dir(self) -> str | None:
+        """The head's temp dir, made private on every node by the port probe before its name
+        could be seen (Rays before 2.55, whose workers take the head's path); None if none."""
+        try:
+            return (self.dir / "claimed_temp_dir").read_text() or None
+        except FileNotFoundError:
+            return None
+
+    def save_claimed_temp_dir(self, path: str) -> None:
+        _write_private(self.dir / "claimed_temp_dir", path)
+
     def save_file(self, name: str, text: str) -> Path:
         """A private file in the state dir (which every node sees); returns its path."""
         path = self.dir / name

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
+import secrets
 import shlex
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from .port_probe import (
     merge_reports,
     parse_reports,
 )
+from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
 
 HEAD_READY_TIMEOUT = 300.0
 #: A launched node whose step squeue does not list yet is still starting for this long.
@@ -176,7 +178,18 @@ def node_env(
     return clean_env(base, {**extra, **launch.to_env()})
 
 
-def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> PortPlan:
+def temp_dir_claim(provider: Mapping[str, object]) -> str | None:
+    """Where the launcher claims the head's temp dir on every node, or None when no claim is
+    needed: on Rays before 2.55 every worker's Ray takes the head's temp dir path on its own
+    host (``ray_compat.WORKER_TEMP_DIR_FROM_HEAD``), a path another user can see on the head
+    and make first on a worker's host. Made on every node in the port probe's step, before
+    the head starts, the name is ours everywhere before anyone can know it."""
+    return str(provider.get("temp_base") or "/tmp") if WORKER_TEMP_DIR_FROM_HEAD else None
+
+
+def ensure_port_plan(
+    state: ClusterState, alloc: Allocation, python: str, claim_base: str | None = None
+) -> PortPlan:
     """The recorded plan, or a new one checked free on every node: one srun, two when the
     nodes' own port ranges move the job's candidates away from those first probed.
 
@@ -184,7 +197,13 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
     nodes with 1024-65535 the blocks inside it are the fallback, checked by this probe)
     and its reserved ports; ``SrunPortRange`` comes from the controller's config, the same
     for every node. The launcher's own ranges only pick what the first probe checks, since
-    ``ray up`` may run on a login node set up unlike the compute nodes."""
+    ``ray up`` may run on a login node set up unlike the compute nodes.
+
+    With ``claim_base`` (``temp_dir_claim``) the same steps make the head's temp dir
+    ``<claim_base>/eray-<job>-<random>`` on every node; a name that another user made first
+    on some node is dropped and a new one claimed in the next round, so a co-tenant can
+    delay a start, not prevent it. The name is recorded for the head
+    (``ClusterState.claimed_temp_dir``)."""
     plan = state.ports()
     if plan is not None:
         return plan
@@ -195,50 +214,79 @@ def ensure_port_plan(state: ClusterState, alloc: Allocation, python: str) -> Por
     probed: set[int] = set()
     reports: dict[str, NodeReport] = {}
     to_probe = candidates(alloc.job_id, launcher)[:batch]
+    claim = _new_claim(claim_base, alloc.job_id) if claim_base else ""
+    dropped: list[str] = []
+    planted: dict[str, str] = {}
     # every round probes blocks not probed yet (four times as many as the last): a co-tenant
     # who holds a port of many blocks delays the plan by a round or two, and a plan is never
     # a block that no node checked
     for _ in range(MAX_PROBE_ROUNDS):
-        ports = sorted({p for c in to_probe for p in c.all_ports()} - probed)
-        name = step_name(state.cluster_name, "probe")
-        argv = srun_argv(
-            alloc.job_id,
-            alloc.node_names,
-            python_m(python, PORT_PROBE, *map(str, ports)),
-            name=name,
-        )
-        what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
-        proc = run_step(argv, what, PROBE_TIMEOUT)
-        if proc.returncode != 0:
-            raise LaunchError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
-        try:
-            found = parse_reports(proc.stdout)
-            check_answered(found, alloc.node_names)
-        except ProbeError as e:
-            raise LaunchError(f"{what}: {e}") from e
-        for node, report in found.items():
-            busy.update(report.busy)
-            reports[node] = merge_reports(reports.get(node), report)
-        probed.update(ports)
-        from_nodes = exclusions_from_reports(reports.values())
-        if not any(e.soft for e in from_nodes):  # no node could read its range: assume ours
-            from_nodes += [e for e in launcher if e.soft]
-        exclusions = [*controller, *from_nodes]
-        try:
-            plan = choose_probed(alloc.job_id, exclusions, busy, probed)
-        except PortPlanError as e:
-            raise PortPlanError(f"{e}: {describe_busy(reports.values())}") from e
-        if plan is not None:
+        ports = [] if plan is not None else sorted({p for c in to_probe for p in c.all_ports()} - probed)
+        found = _probe(state, alloc, python, ports, claim, dropped)
+        if claim:
+            planted = {node: r.planted for node, r in found.items() if r.planted}
+            if planted:  # seen and made first by another user: never used, removed where ours
+                dropped = [claim]
+                claim = _new_claim(str(claim_base), alloc.job_id)
+            else:
+                state.save_claimed_temp_dir(claim)
+                claim, dropped = "", []
+        if plan is None:
+            for node, report in found.items():
+                busy.update(report.busy)
+                reports[node] = merge_reports(reports.get(node), report)
+            probed.update(ports)
+            from_nodes = exclusions_from_reports(reports.values())
+            if not any(e.soft for e in from_nodes):  # no node could read its range: assume ours
+                from_nodes += [e for e in launcher if e.soft]
+            exclusions = [*controller, *from_nodes]
+            try:
+                plan = choose_probed(alloc.job_id, exclusions, busy, probed)
+            except PortPlanError as e:
+                raise PortPlanError(f"{e}: {describe_busy(reports.values())}") from e
+            if plan is None:
+                batch *= 4
+                to_probe = next_to_probe(alloc.job_id, exclusions, busy, batch)
+        if plan is not None and not claim:
             break
-        batch *= 4
-        to_probe = next_to_probe(alloc.job_id, exclusions, busy, batch)
     else:
-        raise PortPlanError(
-            f"no port block was found free in {MAX_PROBE_ROUNDS} probes of job {alloc.job_id}'s nodes: "
-            f"{describe_busy(reports.values())}"
+        if plan is None:
+            raise PortPlanError(
+                f"no port block was found free in {MAX_PROBE_ROUNDS} probes of job {alloc.job_id}'s nodes: "
+                f"{describe_busy(reports.values())}"
+            )
+        _probe(state, alloc, python, [], "", dropped)
+        where = ", ".join(f"{node} (made by {user})" for node, user in sorted(planted.items()))
+        raise LaunchError(
+            f"the head's temp dir could not be claimed on every node in {MAX_PROBE_ROUNDS} tries: another "
+            f"user made each name first, last on {where}; on nodes shared with other users, use "
+            f"Ray 2.55 or later (its workers do not take the head's temp dir path)"
         )
     state.save_ports(plan)
     return plan
+
+
+def _new_claim(base: str, job_id: str) -> str:
+    return os.path.join(base, f"eray-{job_id}-{secrets.token_hex(6)}")
+
+
+def _probe(
+    state: ClusterState, alloc: Allocation, python: str, ports: Sequence[int], claim: str, drop: Sequence[str]
+) -> dict[str, NodeReport]:
+    """One round of the port probe over every node of ``alloc``: its report per node."""
+    args = [*([f"--claim={claim}"] if claim else []), *(f"--drop={d}" for d in drop), *map(str, ports)]
+    name = step_name(state.cluster_name, "probe")
+    argv = srun_argv(alloc.job_id, alloc.node_names, python_m(python, PORT_PROBE, *args), name=name)
+    what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
+    proc = run_step(argv, what, PROBE_TIMEOUT)
+    if proc.returncode != 0:
+        raise LaunchError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
+    try:
+        found = parse_reports(proc.stdout)
+        check_answered(found, alloc.node_names)
+    except ProbeError as e:
+        raise LaunchError(f"{what}: {e}") from e
+    return found
 
 
 def head_log(state: ClusterState, node_id: str):

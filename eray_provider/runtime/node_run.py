@@ -45,10 +45,10 @@ from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
 from .loopback_hold import LoopbackHold, hold_loopback
 from .node_logs import CapReached, collect
-from .port_probe import busy_ports, host_exclusions, port_open
+from .port_probe import busy_ports, drop_dir, host_exclusions, port_open
 from .process_identity import identity
 from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
-from .shared_dir import SharedDir
+from .shared_dir import SharedDir, is_private_dir
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
 #: start, its setup commands included, must fit in it).
@@ -452,6 +452,7 @@ def main() -> int:
     state = ClusterState(launch.cluster, launch.job_id, launch.state_base)
     role = launch.role
     tmp = None
+    claimed: str | None = None
     ray_home: SharedDir | None = None
     provider: dict = {}
     code = 1
@@ -478,8 +479,14 @@ def main() -> int:
             # head is), until it has ended (loopback_hold)
             hold = hold_loopback(held_ranges([node_plan, plan]), ip)
         # not $TMPDIR: the launching node's Ray sets it to its own temp dir
-        tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
-        state.write_temp_dirs(node_id, node_name, [tmp])
+        claimed = state.claimed_temp_dir() if WORKER_TEMP_DIR_FROM_HEAD else None
+        claimed = claimed if claimed and is_private_dir(claimed) else None
+        if role == "head" and claimed:
+            tmp = claimed  # the path workers take: made on every node first (launch.temp_dir_claim)
+        else:
+            tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
+        # a worker's claimed dir too, so that a teardown removes it if this node never runs
+        state.write_temp_dirs(node_id, node_name, [tmp, *([claimed] if claimed and role == "worker" else [])])
         state.write_marker(node_id, "pid", identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
         n_workers = max(len(alloc.workers), 10)
@@ -572,6 +579,8 @@ def main() -> int:
             ray_home.leave()  # removes it, unless another node of the cluster still runs in it
         if tmp and (ray_home is None or ray_home.path != tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+        if claimed and role == "worker":
+            drop_dir(claimed)  # still empty if this node ended before its Ray ran in it
         if hold is not None:
             hold.release()  # last: what is left of Ray goes with the step
     return code

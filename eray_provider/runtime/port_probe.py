@@ -6,6 +6,11 @@
     <node> holder <user> <port or lo-hi>...  (who listens on busy ports, where the kernel shows it)
     <node> ephemeral <lo> <hi>          (when ip_local_port_range is readable)
     <node> reserved <lo>-<hi>,...       (when ip_local_reserved_ports is not empty)
+    <node> planted <user>               (``--claim=PATH`` found PATH made by another)
+
+``--claim=PATH`` makes PATH, a private (0700) dir of the caller, on every node at once,
+before its name can be seen anywhere (``launch.ensure_port_plan``); ``--drop=PATH`` removes
+an empty dir of the caller that an earlier claim made.
 
 Run once on every node of a job in a single srun step before a port plan is fixed. The
 ranges are each node's own: nodes of one job can differ (a login node that runs ``ray up``
@@ -28,6 +33,7 @@ from ..errors import ClusterError
 from ..plan.ports import Excluded, port_runs, ranges_text
 from ..slurm.client import srun_port_range
 from ..slurm.env import node_name
+from .shared_dir import SharedDirError, check_private, is_private_dir
 from .socket_table import listeners, login, read_rows
 
 EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -49,6 +55,8 @@ class NodeReport:
     reserved: tuple[tuple[int, int], ...] = ()
     #: (user, ports) of those who listen on busy ports
     holders: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: who owns the dir ``--claim`` found made by another ("" when it was claimed)
+    planted: str = ""
 
 
 def _wildcard_free(family: int, port: int) -> bool:
@@ -138,7 +146,32 @@ def host_exclusions() -> list[Excluded]:
     return out
 
 
-def local_report(ports: Sequence[int]) -> NodeReport:
+def claim_dir(path: str) -> str:
+    """Make ``path`` a private dir of this user; "" when it is one now, else who owns what
+    stands there (a co-tenant who planted the name, or a dir of ours that others can enter)."""
+    try:
+        os.mkdir(path, 0o700)
+        return ""
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    try:
+        check_private(path, st)
+    except SharedDirError:
+        return login(st.st_uid)
+    return ""
+
+
+def drop_dir(path: str) -> None:
+    """Remove ``path`` if it is an empty private dir of this user (an earlier claim's)."""
+    if is_private_dir(path):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # not empty: a node of the cluster entered it after all
+
+
+def local_report(ports: Sequence[int], planted: str = "") -> NodeReport:
     """This node's busy ports among ``ports`` and its own ranges (unreadable ones omitted)."""
     node = node_name(os.environ)
     eph_text, res_text = _read(EPHEMERAL_FILE), _read(RESERVED_FILE)
@@ -153,6 +186,7 @@ def local_report(ports: Sequence[int]) -> NodeReport:
         ephemeral=parse_ephemeral(eph_text) if eph_text is not None else None,
         reserved=parse_reserved(res_text) if res_text is not None else (),
         holders=tuple((user, tuple(found)) for user, found in sorted(by_user.items())),
+        planted=planted,
     )
 
 
@@ -186,6 +220,8 @@ def format_report(report: NodeReport) -> list[str]:
     if report.reserved:
         ranges = ",".join(f"{lo}-{hi}" for lo, hi in report.reserved)
         lines.append(f"{report.node} reserved {ranges}")
+    if report.planted:
+        lines.append(f"{report.node} planted {report.planted}")
     return lines
 
 
@@ -195,6 +231,7 @@ def parse_reports(text: str) -> dict[str, NodeReport]:
     ephemeral: dict[str, tuple[int, int]] = {}
     reserved: dict[str, tuple[tuple[int, int], ...]] = {}
     holders: dict[str, dict[str, list[int]]] = {}
+    planted: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
@@ -210,6 +247,8 @@ def parse_reports(text: str) -> dict[str, NodeReport]:
             ephemeral[node] = parse_ephemeral(" ".join(rest), f"{EPHEMERAL_FILE} on {node}")
         elif kind == "reserved":
             reserved[node] = parse_reserved(" ".join(rest), f"{RESERVED_FILE} on {node}")
+        elif kind == "planted" and len(rest) == 1:
+            planted[node] = rest[0]
         else:
             raise ProbeError(f"port probe of {node} printed {line!r}: unknown kind {kind!r}")
     nodes = [*busy, *(n for n in (*ephemeral, *reserved) if n not in busy)]
@@ -220,6 +259,7 @@ def parse_reports(text: str) -> dict[str, NodeReport]:
             ephemeral.get(n),
             reserved.get(n, ()),
             tuple((u, tuple(ports)) for u, ports in holders.get(n, {}).items()),
+            planted.get(n, ""),
         )
         for n in nodes
     }
@@ -238,6 +278,7 @@ def merge_reports(old: NodeReport | None, new: NodeReport) -> NodeReport:
         new.ephemeral,
         new.reserved,
         tuple((u, tuple(sorted(p))) for u, p in holders.items()),
+        new.planted,
     )
 
 
@@ -286,12 +327,25 @@ def exclusions_from_reports(reports: Iterable[NodeReport]) -> list[Excluded]:
 
 
 def main(argv: list[str]) -> int:
-    bad = [p for p in argv if not p.isdigit()]
+    claim = ""
+    ports: list[str] = []
+    for arg in argv:
+        if arg.startswith("--claim="):
+            claim = arg.split("=", 1)[1]
+        elif arg.startswith("--drop="):
+            drop_dir(arg.split("=", 1)[1])
+        else:
+            ports.append(arg)
+    bad = [p for p in ports if not p.isdigit()]
     if bad:
         print(f"port_probe: ports must be numbers, got {bad[:5]!r}", file=sys.stderr)
         return 2
     try:
-        report = local_report([int(p) for p in argv])
+        planted = claim_dir(claim) if claim else ""
+        report = local_report([int(p) for p in ports], planted)
+    except OSError as e:
+        print(f"port_probe: cannot make the temp dir {claim!r}: {e}", file=sys.stderr)
+        return 2
     except ProbeError as e:
         print(f"port_probe: {e}", file=sys.stderr)
         return 2

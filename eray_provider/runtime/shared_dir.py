@@ -40,6 +40,15 @@ def check_private(path: str, st: os.stat_result) -> None:
         )
 
 
+def is_private_dir(path: str) -> bool:
+    """Whether ``path`` is a dir of ours that only we can enter (not a link to one)."""
+    try:
+        check_private(path, os.lstat(path))
+    except (OSError, SharedDirError):
+        return False
+    return True
+
+
 class SharedDir:
     """``path``, made 0700 if missing, held from ``enter`` to ``leave``."""
 
