@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -112,6 +114,43 @@ def other_python() -> str:
 def node_shell(testbed: Testbed, node: str) -> list[str]:
     """The argv prefix that runs a shell command inside a node's namespaces."""
     return [str(REPO / "scripts" / "slurm-testbed"), "--dir", testbed.root, "exec", node, "bash", "-c"]
+
+
+#: What a spy reports when the cluster's holds kept it out: it bound nothing, got nothing.
+NOTHING = {"bound": [], "received": {}}
+
+
+class LoopbackSpies:
+    """The other user's spy (``drivers/loopback_spy.py``) on every node, listening on
+    loopback wherever it can among ports LO..HI while the ``with`` block runs clients;
+    ``caught`` is then what each node's spy bound and received."""
+
+    def __init__(self, testbed: Testbed, user: str, lo: int, hi: int) -> None:
+        spy = f"/usr/bin/python3 {REPO}/tests/drivers/loopback_spy.py {lo} {hi} 900"
+        self.procs = {
+            node: subprocess.Popen(
+                [*node_shell(testbed, node), f"runuser -u {user} -- {spy}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=testbed.env,
+            )
+            for node in NODES
+        }
+        self.caught: dict[str, object] = {}
+
+    def __enter__(self) -> LoopbackSpies:
+        for node, proc in self.procs.items():
+            assert proc.stdout is not None
+            first = proc.stdout.readline().strip()
+            assert first.startswith("bound "), (node, first, proc.stderr.read() if proc.poll() else "")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for node, proc in self.procs.items():
+            out, err = proc.communicate(input="", timeout=120)  # stdin closed: the spy reports
+            self.caught[node] = json.loads(out.strip().splitlines()[-1]) if out.strip() else err
 
 
 def as_other_user(testbed: Testbed, node: str, user: str, command: str, check: bool = True):
@@ -274,22 +313,7 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
         # variables, which sends its metrics with the token to 127.0.0.1) hands the spy nothing
         plan_a = json.loads((a.state_dir / "ports.json").read_text())
         lo, hi = plan_a["block_start"], plan_a["jax_first"] - 1
-        spy = f"/usr/bin/python3 {REPO}/tests/drivers/loopback_spy.py {lo} {hi} 30"
-        spies = {
-            node: subprocess.Popen(
-                [*node_shell(testbed, node), f"runuser -u {user} -- {spy}"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=testbed.env,
-            )
-            for node in NODES
-        }
-        try:
-            for node, proc in spies.items():
-                assert proc.stdout is not None
-                first = proc.stdout.readline().strip()
-                assert first.startswith("bound "), (node, first, proc.stderr.read() if proc.poll() else "")
+        with LoopbackSpies(testbed, user, lo, hi) as spies:
             address = a.exec("echo $RAY_ADDRESS").stdout.strip().splitlines()[-1]
             driver = (
                 f"env -u LD_PRELOAD RAY_ADDRESS={address} RAY_AUTH_MODE=token "
@@ -304,14 +328,11 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
             # there: Ray's own limit, not this test's); its tasks run on every node
             ran = testbed.on_node("node1", driver, timeout=180)
             assert "R 190" in ran.stdout, (ran.stdout[-2000:], ran.stderr[-2000:])
-        finally:
-            caught = {}
-            for node, proc in spies.items():
-                proc.wait(timeout=120)
-                assert proc.stdout is not None and proc.stderr is not None
-                out, err = proc.stdout.read(), proc.stderr.read()  # past what readline buffered
-                caught[node] = json.loads(out.strip().splitlines()[-1]) if out.strip() else err
-        assert all(c == {"bound": [], "received": {}} for c in caught.values()), caught
+            # the JAX launcher's group (ranks in actors on every node, jax.distributed) from
+            # a driver of `ray submit`
+            out = a.ray("submit", str(a.config), "tests/drivers/jax_groups.py", "sequential", timeout=300)
+            assert out.stdout.count('"sum": 6') >= 2, out.stdout[-3000:]
+        assert spies.caught == {node: NOTHING for node in NODES}, spies.caught
 
         # 5. the token is unreadable to the other user, on any node, and so is every node's
         # temp dir: Ray makes its own temp dir world-writable, one level below a private one
@@ -392,3 +413,48 @@ def test_a_planted_temp_dir_is_reported_by_the_probe_and_never_used(testbed: Tes
     finally:
         testbed.on_node("node2", f"rm -rf {path}", check=False)
         testbed.cancel(job)
+
+
+@pytest.mark.smoke
+def test_the_seed_apis_drivers_hand_a_loopback_spy_nothing(testbed: Testbed) -> None:
+    """``DistributedConfig`` then ``auto_ray_cluster`` in every task of ``srun -N3``: each
+    task is a Ray driver without the bind shim (the path of item 1 of the co-tenant issue).
+    The other user listens on loopback on the cluster's block on every node while they run
+    tasks and export their metrics: nothing binds, nothing arrives."""
+    user = other_user()
+    job = testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-seed-spy")
+    gate = REPO / ".test-output" / f"gate-{uuid.uuid4().hex}"
+    gate.parent.mkdir(exist_ok=True)
+    env = dict(testbed.env, JAX_PLATFORMS="cpu", ERAY_TEST_GATE=str(gate))
+    argv = ["srun", f"--jobid={job}", "--overlap", "-N3", "-n3", "--ntasks-per-node=1",
+            sys.executable, "tests/drivers/auto_cluster.py"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        ready = 0
+        while ready < 3:
+            seen.append(lines.get(timeout=300))  # every task's cluster is up, waiting at the gate
+            ready += seen[-1].startswith("READY")
+        (ports,) = (Path.home() / ".eray-provider").glob(f"step*-{job}/ports.json")
+        plan = json.loads(ports.read_text())
+        with LoopbackSpies(testbed, user, plan["block_start"], plan["jax_first"] - 1) as spies:
+            gate.touch()
+            code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        gate.unlink(missing_ok=True)
+        testbed.cancel(job)
+    reader.join(timeout=60)  # the output's end
+    while not lines.empty():
+        seen.append(lines.get())
+    assert code == 0, "".join(seen)[-4000:]
+    assert spies.caught == {node: NOTHING for node in NODES}, spies.caught
+    gathers = sorted(line.split()[1:] for line in seen if line.startswith("GATHER "))
+    assert gathers == [["0", "6"], ["1", "6"], ["2", "6"]], "".join(seen)[-4000:]

@@ -4,13 +4,21 @@ JAX first (``DistributedConfig``), then ``auto_ray_cluster``; every process prin
 view, the first also runs one task pinned to each SLURM node and a JAX allgather.
 """
 
+import os
 import socket
 import sys
+import time
 
 from eray_provider import DistributedConfig, auto_ray_cluster
 
 DistributedConfig(initialization_timeout=120).initialize()
 auto_ray_cluster(timeout=240)
+GATE = os.environ.get("ERAY_TEST_GATE")
+if GATE:  # the security test's spies start once the cluster is up, then open the gate
+    print("READY", flush=True)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(GATE) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -30,4 +38,6 @@ if jax.process_index() == 0:
 
     hosts = ray.get([host.options(resources={f"slurm_node:{n}": 0.01}).remote() for n in names], timeout=120)
     print("TASKS", *hosts, flush=True)
+if GATE:
+    time.sleep(12)  # long enough for every driver's metrics export
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -3,8 +3,9 @@ what arrives.
 
 ``python loopback_spy.py LO HI SECONDS`` binds and listens on 127.0.0.1 and [::1] on every
 port LO..HI (any socket option that might let it in: plain, SO_REUSEADDR, SO_REUSEPORT),
-prints ``bound N`` at once, then accepts for SECONDS (only if it bound any) and prints one
-JSON object: ``{"bound": [...], "received": {port: first bytes}}``. Run by the security
+prints ``bound N`` at once, then accepts until its stdin closes (the test's clients have
+run) or SECONDS have passed, and prints one JSON object:
+``{"bound": [...], "received": {port: first bytes}}``. Run by the security
 test as another Unix user on every node of a running cluster.
 """
 
@@ -40,10 +41,14 @@ def main(lo: int, hi: int, seconds: float) -> None:
                 held.append(s)
     print(f"bound {len(held)}", flush=True)
     received: dict[str, str] = {}
-    deadline = time.monotonic() + (seconds if held else 0)
-    while held and time.monotonic() < deadline:
-        ready, _, _ = select.select(held, [], [], 0.5)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sys.stdin, *held], [], [], 0.5)
+        if sys.stdin in ready and not sys.stdin.readline():
+            break
         for s in ready:
+            if s is sys.stdin:
+                continue
             conn, _ = s.accept()
             conn.settimeout(2)
             try:
