@@ -183,3 +183,54 @@ def test_socket_table_rows_and_peer_uid() -> None:
     mapped = "".join(f"{w:08X}" for w in words)
     six = f"   0: {mapped}:B000 {zero * 4}:0000 0A 0:0 0:0 0 7 0 9\n"
     assert parse_table(six)[0].local == ("127.0.0.1", 0xB000)  # v4-mapped, as IPv4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_closed_connection_on_a_port_is_waited_for_a_socket_someone_holds_is_not(monkeypatch) -> None:
+    """A connection that closed from a held port stays in TIME_WAIT for a minute and blocks
+    the hold's bind (seen once in test_node_stop: a client's ephemeral port was a held one):
+    the hold waits for it to go instead of failing the node; a listener is not waited for."""
+    from eray_provider.runtime import loopback_hold
+
+    port = _free_port()
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    client.bind(("127.0.0.1", port))
+    client.connect(server.getsockname())
+    conn, _ = server.accept()
+    client.close()  # the side that closes first keeps TIME_WAIT: this port
+    conn.close()
+    server.close()
+    assert loopback_hold.closed_only({port})
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:  # a port someone listens on is never taken for a closed connection
+        assert not loopback_hold.closed_only({listener.getsockname()[1]})
+        assert not loopback_hold.closed_only({port, listener.getsockname()[1]})
+    finally:
+        listener.close()
+    monkeypatch.setattr(loopback_hold, "CLOSED_WAIT_SECONDS", 0.0)
+    with pytest.raises(PortsTakenError):
+        hold_loopback([(port, port)])  # not waited for: the wait is bounded
+    # while the closed connection lingers, each try fails; once it is gone the hold begins
+    tries: list[int] = []
+    real = loopback_hold.bind_held
+
+    def bind(family: int, address: str, p: int):
+        tries.append(p)
+        if len(tries) <= 2:
+            raise OSError(98, "Address already in use")
+        return real(family, address, p)
+
+    monkeypatch.setattr(loopback_hold, "CLOSED_WAIT_SECONDS", 30.0)
+    monkeypatch.setattr(loopback_hold, "bind_held", bind)
+    other = _free_port()
+    monkeypatch.setattr(loopback_hold, "closed_only", lambda ports: ports == {other})
+    hold = hold_loopback([(other, other)])
+    assert len(tries) >= 3 and hold.sockets
+    hold.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,7 +18,9 @@ from ray_cluster_support import (
     state_left,
     wait_gone,
 )
-from testbed_support import Testbed
+from testbed_support import Testbed, binds_as, other_user, wait_until
+
+from eray_provider.plan.ports import PortPlan, held_ranges
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
@@ -120,7 +123,20 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         dirs = "|".join(re.escape(d) for d in tmp3)
         pattern = f"raylet.*({dirs}).*--node_ip_address={re.escape(ip3)}( |$)"
         (raylet,) = testbed.run(["pgrep", "-f", pattern]).stdout.split()
+        records = json.loads((cluster.state_dir / "state.json").read_text())["nodes"]
+        (node3,) = [i for i, r in records.items() if r["slurm_node"] == "node3" and not r.get("terminated")]
         os.kill(int(raylet), signal.SIGKILL)
+        # its address stays ours after its Ray died (the rest of the cluster goes on calling
+        # it, with the token, until it learns the node is gone): once the node has recorded
+        # its end and collected its logs, another user can bind none of its named ports, on
+        # its address or on loopback, and its node process still holds them
+        wait_until("the killed node's logs collected", lambda: node3 in collected_logs(cluster.state_dir))
+        plan = PortPlan.from_dict(json.loads((cluster.state_dir / "ports.json").read_text()))
+        named = [p for lo, hi in held_ranges([plan]) for p in range(lo, hi + 1)]
+        targets = [(addr, p) for addr in (ip3, "127.0.0.1", "::1") for p in named]
+        assert binds_as(testbed, "node3", other_user(), targets) == []
+        node_pid = (cluster.state_dir / "nodes" / f"{node3}.pid").read_text().split()[0]
+        assert Path(f"/proc/{node_pid}").exists(), "the killed node's process let go of its holds"
         replaced = cluster.wait_nodes(3, timeout=120, exclude={dead})
         assert "node3" in {n["labels"]["slurm-node"] for n in replaced}
 

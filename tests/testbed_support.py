@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +33,12 @@ class Testbed:
     def __init__(self, root: str) -> None:
         self.root = root
         self.env = dict(os.environ, SLURM_CONF=f"{root}/etc/slurm.conf")
+        try:  # a bed of a Slurm built here (``up --slurm 25.11``): its commands come first
+            self.bindir = json.loads(Path(root, "state.json").read_text()).get("bindir") or ""
+        except (OSError, ValueError):
+            self.bindir = ""
+        if self.bindir:
+            self.env["PATH"] = f"{self.bindir}:{self.env['PATH']}"
 
     def run(self, args: Sequence[str], timeout: float = 60, check: bool = True, **kw):
         proc = subprocess.run(
@@ -125,3 +133,31 @@ def wait_until(
             raise AssertionError(f"the process ended before {what}: {out[-3000:]}")
         assert time.monotonic() < deadline, f"never saw {what} within {timeout} s"
         time.sleep(0.1)
+
+
+#: Run as another user on a node: try to bind each (address, port) with every option that
+#: might let it in; prints the JSON list of those it got.
+_TRY_BINDS = r"""
+import json, socket, sys
+got = []
+for addr, port in json.loads(sys.argv[1]):
+    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(fam)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((addr, port))
+        got.append([addr, port])
+    except OSError:
+        pass
+    s.close()
+print(json.dumps(got))
+"""
+
+
+def binds_as(testbed: Testbed, node: str, user: str, targets: list[tuple[str, int]]) -> list[list]:
+    """What ``user`` can bind of ``targets`` (address, port) on ``node`` right now."""
+    code = shlex.quote(_TRY_BINDS)
+    arg = shlex.quote(json.dumps(targets))
+    proc = testbed.on_node(node, f"runuser -u {user} -- /usr/bin/python3 -c {code} {arg}", timeout=60)
+    return json.loads(proc.stdout.strip().splitlines()[-1])

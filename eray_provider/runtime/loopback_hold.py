@@ -8,10 +8,12 @@ its metrics, with the token, to ``127.0.0.1:<agent port>``) would hand it the to
 rule: no secret goes to an address that someone else could have claimed before us. So
 ``node_run`` binds ``127.0.0.1`` and ``[::1]`` on the named ports of the cluster's blocks
 (``plan.ports.held_ranges``: every port a Ray client reaches over loopback) before anything
-of Ray runs, and keeps them until Ray has ended. It holds the node's own address on them
-too: a worker waits for the head's GCS by connecting to ``<head ip>:<gcs port>``, and the
-dashboard forward connects to ``<head ip>:<dashboard port>``; a co-tenant who bound either
-before Ray did (or after a component died) would be sent the token.
+of Ray runs, and keeps them until Ray has ended (``node_run.HOLD_AFTER_CRASH_SECONDS`` more
+when it ended on its own: other nodes still call a node they have not yet found dead). It
+holds the node's own address on them too: a worker waits for the head's GCS by connecting
+to ``<head ip>:<gcs port>``, and the dashboard forward connects to ``<head ip>:<dashboard
+port>``; a co-tenant who bound either before Ray did (or after a component died) would be
+sent the token.
 
 The held sockets are bound, not listening: a connection to them is refused, as it was
 when nothing held them. They carry ``SO_REUSEPORT``, which the kernel extends only to
@@ -27,12 +29,13 @@ from __future__ import annotations
 import errno
 import resource
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ClusterError
 from ..plan.ports import port_runs, ranges_text
-from .socket_table import listeners, read_rows, user_name
+from .socket_table import LISTEN, listeners, read_rows, user_name
 
 LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
 
@@ -93,26 +96,48 @@ def hold_loopback(ranges: Sequence[tuple[int, int]], node_ip: str | None = None)
     addresses = [*LOOPBACKS, *([(socket.AF_INET, node_ip)] if node_ip else [])]
     _raise_fd_limit(len(addresses) * len(ports))
     hold = LoopbackHold()
-    taken: list[int] = []
+    todo = [(family, address, port) for port in ports for family, address in addresses]
+    deadline = time.monotonic() + CLOSED_WAIT_SECONDS
     try:
-        for port in ports:
-            for family, address in addresses:
+        while True:
+            taken = []
+            for family, address, port in todo:
                 try:
                     s = bind_held(family, address, port)
                 except OSError as e:
                     if e.errno != errno.EADDRINUSE:
                         raise PortsTakenError(f"cannot hold {address} port {port} on this node: {e}") from e
-                    taken.append(port)
+                    taken.append((family, address, port))
                     continue
                 if s is not None:
                     hold.sockets.append(s)
+            # a closed connection of any process (TIME_WAIT) blocks a bind for up to a minute
+            # and leaves the port to nobody: wait for it, but not for a socket someone holds
+            if not taken or time.monotonic() > deadline or not closed_only({p for *_, p in taken}):
+                break
+            todo = taken
+            time.sleep(0.5)
     except BaseException:
         hold.release()
         raise
     if taken:
         hold.release()
-        raise PortsTakenError(describe_taken(sorted(set(taken))))
+        raise PortsTakenError(describe_taken(sorted({p for *_, p in taken})))
     return hold
+
+
+#: How long a hold waits for closed connections (TIME_WAIT, 60 s on Linux) on its ports.
+CLOSED_WAIT_SECONDS = 65.0
+
+
+def closed_only(ports: set[int]) -> bool:
+    """Whether every port of ``ports`` shows, in the kernel's tables, a closed connection
+    (a row no process holds: TIME_WAIT, FIN_WAIT2) and no listener. A socket that is bound
+    but neither listens nor connects shows nowhere, so this can wait for nothing: the wait
+    is bounded."""
+    rows = [r for r in read_rows() if r.local[1] in ports]
+    closed = {r.local[1] for r in rows if r.inode == 0 and r.state != LISTEN}
+    return closed == ports and not any(r.state == LISTEN for r in rows)
 
 
 def describe_taken(ports: Sequence[int]) -> str:

@@ -420,6 +420,14 @@ class Stopped(ClusterError):
         super().__init__(f"stopped by {signal.Signals(signum).name} before its Ray ran")
 
 
+#: How long a node keeps its holds after its Ray ended on its own (a crash, an OOM kill, a
+#: drain), not by a stop signal: the rest of the cluster goes on calling this node's address,
+#: with the token, until it learns the node is gone (the GCS marks a silent raylet dead within
+#: about 30 s; workers call a lost head's GCS for ``gcs_rpc_server_reconnect_timeout_s``, 60
+#: s by default), and another user could bind the address once it is free. A stop signal
+#: ends the wait: in a teardown every node is being stopped.
+HOLD_AFTER_CRASH_SECONDS = 75.0
+
 #: The node's Ray once started: a stop signal from then on is passed to it, not raised.
 _ray: list[subprocess.Popen[bytes]] = []
 _asked: list[float] = []
@@ -430,12 +438,14 @@ def _stop_early(signum: int, _frame: object) -> None:
         _asked.append(time.monotonic())
         _ray[0].send_signal(signum)
         return
+    _asked.append(time.monotonic())
     raise Stopped(signum)
 
 
 def _noted(signum: int, _frame: object) -> None:
-    """While the node cleans up: a second stop signal must not cut the cleanup short (SLURM
-    sends SIGKILL after its ``KillWait`` anyway)."""
+    """While the node cleans up: a stop signal must not cut the cleanup short (SLURM sends
+    SIGKILL after its ``KillWait`` anyway); it ends the holds' wait (``_linger``)."""
+    _asked.append(time.monotonic())
 
 
 def main() -> int:
@@ -574,16 +584,34 @@ def main() -> int:
             state.write_marker(node_id, "exit", str(code))
         except FileNotFoundError:
             pass  # the cluster was torn down and its state removed: nobody waits for it
+        # the head's path, claimed on this host, is kept for the node that replaces this one
+        # (which takes the same path) unless the cluster is being stopped: its name has been
+        # seen, and another user could make it first; the teardown removes it
+        keep = claimed if claimed and role == "worker" and not _asked else None
         if ray_home is not None:
             _collect_logs(state, node_id, ray_home.path, provider, role, node_name, own_job, code)
-            ray_home.leave()  # removes it, unless another node of the cluster still runs in it
+            # removes it, unless another node of the cluster still runs in it
+            ray_home.leave(remove=ray_home.path != keep)
         if tmp and (ray_home is None or ray_home.path != tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-        if claimed and role == "worker":
+        if claimed and role == "worker" and not keep:
             drop_dir(claimed)  # still empty if this node ended before its Ray ran in it
         if hold is not None:
+            if _ray:
+                _linger(HOLD_AFTER_CRASH_SECONDS)
             hold.release()  # last: what is left of Ray goes with the step
     return code
+
+
+def _linger(seconds: float) -> None:
+    """Wait ``seconds``, or until a stop signal (``ray down``, ``scancel``) comes."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        if not _asked:  # one that came while the node cleaned up (``_noted``) counts
+            signal.sigtimedwait(stops, seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 if __name__ == "__main__":
