@@ -233,6 +233,21 @@ def test_the_browser_gets_a_session_secret_which_the_forward_swaps_for_the_token
     assert _ask(backend, "/api/nodes", cookie)[0] == 401
 
 
+def test_once_the_head_has_ended_no_request_is_carried(forward) -> None:
+    """The head's address may be another user's once its node has let go of it: from the
+    head's exit marker on, the forward carries nothing there (checked per request, not by
+    the end watcher's round, which comes up to ``CHECK_SECONDS`` later)."""
+    import http.client
+
+    fwd, port, _token, state, _backend = forward
+    _, headers = _ask(port, f"{LOGIN_PREFIX}{fwd.secret}")
+    cookie = headers["Set-Cookie"].split(";")[0]
+    assert _ask(port, "/api/nodes", cookie)[0] == 200
+    state.write_marker("fwd-head", "exit", "137")
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+        _ask(port, "/api/nodes", cookie)
+
+
 def test_rewrite_head_one_request_per_connection() -> None:
     from eray_provider.runtime.dashboard import rewrite_head
 

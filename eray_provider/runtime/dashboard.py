@@ -261,6 +261,8 @@ class Forwarder:
             if location is not None:
                 sock.sendall(login_response(self.cookie, self.session, location))
                 return
+            if self._end.is_set() or self.state.read_marker(self.head.node_id, "exit") is not None:
+                return  # the head has ended: its address may be another user's by now
             first = rewrite_head(head, self.cookie, self.session, self.token) + rest
             if self.relay is not None:
                 self.relay.carry(sock, first)
