@@ -107,12 +107,13 @@ def _fake_srun(
 ):
     """srun of the probe over fake nodes; ``plant(node, path)`` names who made a claimed path
     first there ("" for nobody). Every call's probed ports go to the list returned, its
-    ``--claim``/``--drop`` arguments to the list's ``dirs``."""
+    claimed path (from the step's environment) and ``--drop`` arguments to the list's ``dirs``."""
     calls = _Calls()
 
     def run(argv, **kwargs):
         args = argv[argv.index(PORT_PROBE) + 1 :]
-        claim = next((a.split("=", 1)[1] for a in args if a.startswith("--claim=")), "")
+        claim = kwargs["env"].get("ERAY_CLAIM_DIR", "")
+        assert not claim or claim not in " ".join(argv)  # every user can read an argv
         calls.dirs.append((claim, [a.split("=", 1)[1] for a in args if a.startswith("--drop=")]))
         ports = [int(p) for p in args if not p.startswith("--")]
         calls.append(ports)
@@ -245,7 +246,7 @@ def test_a_cotenant_who_plants_every_name_stops_the_start_naming_node_and_user(m
 
 
 def test_claim_makes_a_private_dir_and_names_who_made_one_first(tmp_path) -> None:
-    """The node side of the claim (``port_probe --claim``): a dir of another user, or one of
+    """The node side of the claim (``port_probe.claim_dir``): a dir of another user, or one of
     ours that others can enter, is reported, never used; ``--drop`` removes only an empty
     private dir of ours."""
     import os

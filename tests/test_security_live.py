@@ -391,8 +391,9 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
 @pytest.mark.smoke
 def test_a_planted_temp_dir_is_reported_by_the_probe_and_never_used(testbed: Testbed) -> None:
     """The node side of the temp dir claim (``launch.temp_dir_claim``), on the real nodes: the
-    probe's step makes the path private on every node, and names the other user who made it
-    first on one; ``--drop`` then removes ours and leaves theirs."""
+    probe's step makes the path (from its environment: every user can read an argv, as the
+    attack review did to win every round) private on every node, and names the other user
+    who made it first on one; ``--drop`` then removes ours and leaves theirs."""
     user = other_user()
     job = testbed.salloc("-N3", "-c1", "--mem=500", "-J", "eray-claim")
     path = f"/tmp/eray-{job}-{uuid.uuid4().hex[:12]}"
@@ -400,7 +401,7 @@ def test_a_planted_temp_dir_is_reported_by_the_probe_and_never_used(testbed: Tes
         as_other_user(testbed, "node2", user, f"mkdir -m 700 {path}")
         probe = [sys.executable, "-m", "eray_provider.runtime.port_probe"]
         srun = ["srun", f"--jobid={job}", "-N3", "--ntasks-per-node=1", "--overlap"]
-        proc = testbed.run([*srun, *probe, f"--claim={path}", "20001"], timeout=120)
+        proc = testbed.run([*srun, *probe, "20001"], env=dict(testbed.env, ERAY_CLAIM_DIR=path), timeout=120)
         reports = parse_reports(proc.stdout)
         assert sorted(reports) == list(NODES)
         assert {n: r.planted for n, r in reports.items()} == {"node1": "", "node2": user, "node3": ""}

@@ -33,6 +33,9 @@ ROLE = "ERAY_ROLE"
 NODE_IDS = "ERAY_NODE_IDS"
 ELASTIC = "ERAY_ELASTIC"
 REPLACES = "ERAY_REPLACES"
+#: the temp dir path the port probe claims on every node (``launch.ensure_port_plan``): in the
+#: step's environment, which other users cannot read, not in its argv, which they can
+CLAIM_DIR = "ERAY_CLAIM_DIR"
 #: the user's TMPDIR, kept aside by a node whose Ray gets a TMPDIR of its own
 USER_TMPDIR = "ERAY_USER_TMPDIR"
 # cluster -> its processes and clients

@@ -200,9 +200,11 @@ def ensure_port_plan(
     ``ray up`` may run on a login node set up unlike the compute nodes.
 
     With ``claim_base`` (``temp_dir_claim``) the same steps make the head's temp dir
-    ``<claim_base>/eray-<job>-<random>`` on every node; a name that another user made first
-    on some node is dropped and a new one claimed in the next round, so a co-tenant can
-    delay a start, not prevent it. The name is recorded for the head
+    ``<claim_base>/eray-<job>-<random>`` on every node, the name passed in the step's
+    environment (an argv is readable by every user). A name that another user made first on
+    some node (by seeing it appear on another node of the job and racing this step's task)
+    is dropped and a new one claimed in the next round; ``MAX_PROBE_ROUNDS`` such rounds end
+    the start with an error naming the nodes and users. The name is recorded for the head
     (``ClusterState.claimed_temp_dir``)."""
     plan = state.ports()
     if plan is not None:
@@ -274,11 +276,11 @@ def _probe(
     state: ClusterState, alloc: Allocation, python: str, ports: Sequence[int], claim: str, drop: Sequence[str]
 ) -> dict[str, NodeReport]:
     """One round of the port probe over every node of ``alloc``: its report per node."""
-    args = [*([f"--claim={claim}"] if claim else []), *(f"--drop={d}" for d in drop), *map(str, ports)]
+    args = [*(f"--drop={d}" for d in drop), *map(str, ports)]
     name = step_name(state.cluster_name, "probe")
     argv = srun_argv(alloc.job_id, alloc.node_names, python_m(python, PORT_PROBE, *args), name=name)
     what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
-    proc = run_step(argv, what, PROBE_TIMEOUT)
+    proc = run_step(argv, what, PROBE_TIMEOUT, {environment.CLAIM_DIR: claim} if claim else None)
     if proc.returncode != 0:
         raise LaunchError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
     try:

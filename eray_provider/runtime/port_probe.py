@@ -6,9 +6,10 @@
     <node> holder <user> <port or lo-hi>...  (who listens on busy ports, where the kernel shows it)
     <node> ephemeral <lo> <hi>          (when ip_local_port_range is readable)
     <node> reserved <lo>-<hi>,...       (when ip_local_reserved_ports is not empty)
-    <node> planted <user>               (``--claim=PATH`` found PATH made by another)
+    <node> planted <user>               (the claimed PATH was made by another first)
 
-``--claim=PATH`` makes PATH, a private (0700) dir of the caller, on every node at once,
+With ``ERAY_CLAIM_DIR=PATH`` in its environment (which other users cannot read, unlike its
+argv) the probe makes PATH, a private (0700) dir of the caller, on every node at once,
 before its name can be seen anywhere (``launch.ensure_port_plan``); ``--drop=PATH`` removes
 an empty dir of the caller that an earlier claim made.
 
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ClusterError
+from ..plan.environment import CLAIM_DIR
 from ..plan.ports import Excluded, port_runs, ranges_text
 from ..slurm.client import srun_port_range
 from ..slurm.env import node_name
@@ -55,7 +57,7 @@ class NodeReport:
     reserved: tuple[tuple[int, int], ...] = ()
     #: (user, ports) of those who listen on busy ports
     holders: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    #: who owns the dir ``--claim`` found made by another ("" when it was claimed)
+    #: who made the claimed dir first ("" when it was claimed)
     planted: str = ""
 
 
@@ -327,12 +329,10 @@ def exclusions_from_reports(reports: Iterable[NodeReport]) -> list[Excluded]:
 
 
 def main(argv: list[str]) -> int:
-    claim = ""
+    claim = os.environ.get(CLAIM_DIR, "")
     ports: list[str] = []
     for arg in argv:
-        if arg.startswith("--claim="):
-            claim = arg.split("=", 1)[1]
-        elif arg.startswith("--drop="):
+        if arg.startswith("--drop="):
             drop_dir(arg.split("=", 1)[1])
         else:
             ports.append(arg)

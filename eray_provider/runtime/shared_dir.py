@@ -81,10 +81,15 @@ class SharedDir:
             os.close(fd)  # a leaver removed the dir while we waited for the lock
         raise SharedDirError(f"could not enter {self.path} in {ATTEMPTS} attempts (removed each time)")
 
-    def leave(self) -> bool:
-        """Give up this share; remove the dir when no other holds one. True if removed."""
+    def leave(self, remove: bool = True) -> bool:
+        """Give up this share; remove the dir when no other holds one (and ``remove``: a dir
+        whose name others have seen is kept for the next node that takes that path, which
+        another user could otherwise make first). True if removed."""
         fd, self._fd = self._fd, None
         if fd is None:
+            return False
+        if not remove:
+            os.close(fd)
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

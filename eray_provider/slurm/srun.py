@@ -83,15 +83,19 @@ def bash_command(cmd: str, env: Mapping[str, str] | None = None) -> list[str]:
     return ["bash", "-c", exports + 'cd "$HOME" 2>/dev/null; ' + cmd]
 
 
-def run_step(argv: Sequence[str], what: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a short srun (a probe, a cleanup, a signal) to its end, output captured.
+def run_step(
+    argv: Sequence[str], what: str, timeout: float, extra_env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a short srun (a probe, a cleanup, a signal) to its end, output captured; its
+    tasks get ``extra_env`` too (a value other users must not see goes there: every
+    process's argv is readable by all).
 
     Bounded by ``timeout``; a step that does not end in time is a ``SlurmCommandError``
     naming ``what`` (say which step, job and nodes), never a bare ``TimeoutExpired``."""
     try:
         return subprocess.run(
             list(argv),
-            env=clean_env(os.environ),
+            env=clean_env(os.environ, extra_env),
             capture_output=True,
             text=True,
             timeout=timeout,
