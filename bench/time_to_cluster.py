@@ -20,9 +20,13 @@ an order that alternates from round to round; round 0 is a warm-up (page cache, 
 reported apart and left out of the figures. Printed per arm: min / median / max, and the
 ratios of medians against (a).
 
-    python bench/time_to_cluster.py [--nodes 3] [--repeats 3] [--cpus 1] [--arms eray,template,nosleep,bare]
+    python bench/time_to_cluster.py [--nodes 3] [--repeats 3] [--cpus 1] [--cpu-quota Q]
+                                    [--arms eray,template,nosleep,bare]
 
-Run as root with the test bed up (``scripts/slurm-testbed up --nodes N``).
+Run as root with the test bed up (``scripts/slurm-testbed up --nodes N [--cpu-quota Q]``).
+With ``--cpu-quota Q`` the bed must run each node in a cpu cgroup of Q CPUs, so that nodes
+do not draw on one pool of cores (without it, 3 nodes on a 2-core machine measure CPU
+contention more than launch). The quota and the Slurm version head the figures.
 """
 
 from __future__ import annotations
@@ -81,11 +85,21 @@ class BenchError(RuntimeError):
     pass
 
 
-def testbed_env(nodes: int) -> dict[str, str]:
-    """The test bed's environment; a clear error when it is down or too small."""
+def testbed_env(nodes: int, cpu_quota: float | None) -> dict[str, str]:
+    """The test bed's environment; a clear error when it is down, too small, or runs with
+    another CPU quota than ``cpu_quota``."""
     status = subprocess.run([str(TESTBED), "status"], capture_output=True, text=True)
     first = (status.stdout + status.stderr).strip().splitlines()[:1]
     found = re.match(r"up: (\d+) nodes", first[0]) if first else None
+    if found:
+        quota = re.search(r", ([\d.]+) CPU per node", first[0])
+        bed_quota = float(quota.group(1)) if quota else None
+        if bed_quota != cpu_quota:
+            want = f" --cpu-quota {cpu_quota:g}" if cpu_quota else ""
+            raise BenchError(
+                f"the test bed runs with cpu quota {bed_quota}, --cpu-quota asks {cpu_quota}: "
+                f"`scripts/slurm-testbed down && scripts/slurm-testbed up --nodes {nodes}{want}`"
+            )
     if status.returncode != 0 or not found:
         raise BenchError(
             f"the SLURM test bed is not up ({' '.join(first) or 'no status'}): run "
@@ -100,7 +114,7 @@ def testbed_env(nodes: int) -> dict[str, str]:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     for line in out.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = value
+        env[key] = value.replace("$PATH", env["PATH"])
     return env
 
 
@@ -336,6 +350,7 @@ def main() -> int:
     ap.add_argument("--head-sleep", type=float, default=10.0)
     ap.add_argument("--worker-sleep", type=float, default=5.0)
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--cpu-quota", type=float, default=None, help="the CPUs of each node's cgroup on the bed")
     args = ap.parse_args()
     arms = {
         "eray": arm_eray,
@@ -348,11 +363,14 @@ def main() -> int:
     if unknown or args.repeats < 1 or args.nodes < 2:
         ap.error(f"--arms {args.arms!r} (known: {', '.join(ARMS)}), --repeats >= 1, --nodes >= 2")
     try:
-        env = testbed_env(args.nodes)
+        env = testbed_env(args.nodes, args.cpu_quota)
     except BenchError as e:
         print(f"time_to_cluster: {e}", file=sys.stderr)
         return 2
+    slurm = subprocess.run(["scontrol", "--version"], env=env, capture_output=True, text=True).stdout.strip()
+    quota = f"{args.cpu_quota:g} CPU per node" if args.cpu_quota else "no CPU quota (nodes share the cores)"
     print(f"time to cluster, {args.nodes} nodes x {args.cpus} CPU, {args.repeats} rounds + 1 warm-up")
+    print(f"{slurm}, {quota}, {time.strftime('%Y-%m-%d')}")
     times: dict[str, list[float]] = {a: [] for a in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.repeats + 1):

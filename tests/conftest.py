@@ -36,8 +36,9 @@ def testbed() -> Iterator[Testbed]:
     started = False
     if status.returncode != 0:
         # the checkout (and its .venv) must be visible on the nodes, as on a shared file system
+        slurm = os.environ.get("ERAY_TESTBED_SLURM", "22.05")  # or 25.11
         up = subprocess.run(
-            [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO)],
+            [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO), "--slurm", slurm],
             capture_output=True,
             text=True,
             timeout=1200,
@@ -53,13 +54,14 @@ def testbed() -> Iterator[Testbed]:
             "`scripts/slurm-testbed down` (the tests bring it up with --share)"
         )
     # in-process code (load_allocation, the provider) runs scontrol with os.environ
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = bed.env["SLURM_CONF"]
+    previous = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
+    os.environ.update({k: bed.env[k] for k in previous})
     yield bed
-    if previous is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = previous
+    for k, v in previous.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     if started:
         subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "down"], timeout=120)
 

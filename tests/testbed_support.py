@@ -91,9 +91,11 @@ class Testbed:
         results: list[list[str]] = [[] for _ in commands]
         current = -1
         for line in proc.stdout.splitlines():
+            while line.startswith("scontrol: "):  # a prompt (25.11 built without readline)
+                line = line[len("scontrol: ") :]
             if line.startswith("ERAYMARK"):
                 current = int(line[len("ERAYMARK") :])
-            elif line and not line.startswith("scontrol:") and current >= 0:
+            elif line and not line.startswith(("scontrol:", "error:")) and current >= 0:
                 results[current].append(line)
         assert current == len(commands) - 1, f"scontrol stopped early: {proc.stdout[-2000:]}"
         return results
