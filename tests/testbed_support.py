@@ -90,12 +90,15 @@ class Testbed:
         )
         results: list[list[str]] = [[] for _ in commands]
         current = -1
+        sent = set(script.splitlines())
         for line in proc.stdout.splitlines():
-            while line.startswith("scontrol: "):  # a prompt (25.11 built without readline)
+            # scontrol prints its prompt before what it echoes (22.05, with readline) or
+            # before its answer (25.11, built without readline)
+            while line.startswith("scontrol: "):
                 line = line[len("scontrol: ") :]
             if line.startswith("ERAYMARK"):
                 current = int(line[len("ERAYMARK") :])
-            elif line and not line.startswith(("scontrol:", "error:")) and current >= 0:
+            elif line and line not in sent and not line.startswith(("scontrol:", "error:")) and current >= 0:
                 results[current].append(line)
         assert current == len(commands) - 1, f"scontrol stopped early: {proc.stdout[-2000:]}"
         return results
