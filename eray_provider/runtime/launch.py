@@ -183,7 +183,8 @@ def temp_dir_claim(provider: Mapping[str, object]) -> str | None:
     needed: on Rays before 2.55 every worker's Ray takes the head's temp dir path on its own
     host (``ray_compat.WORKER_TEMP_DIR_FROM_HEAD``), a path another user can see on the head
     and make first on a worker's host. Made on every node in the port probe's step, before
-    the head starts, the name is ours everywhere before anyone can know it."""
+    the head starts, the name is ours on a node before it can be seen there, but for the gap
+    between two nodes' tasks of that step (``ensure_port_plan``)."""
     return str(provider.get("temp_base") or "/tmp") if WORKER_TEMP_DIR_FROM_HEAD else None
 
 
