@@ -101,11 +101,12 @@ class Forwarding:
             if m:
                 return m.group(0)
 
-    def interrupt(self, timeout: float = 150) -> str:
-        """Ctrl-C; returns all it printed. Bounded by the relay's own stop: 5 s to close its
-        input, ``STOP_SECONDS``, then SIGTERM and SIGKILL of its srun (10 s each) and a
-        scancel of the step waited for up to 30 s, each SLURM command with its timeout."""
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig: int = signal.SIGINT, timeout: float = 150) -> str:
+        """Ctrl-C (or ``sig``); returns all it printed. Bounded by the relay's own stop: 5 s
+        to close its input, ``STOP_SECONDS``, then SIGTERM and SIGKILL of its srun (10 s
+        each) and a scancel of the step waited for up to 30 s, each SLURM command with its
+        timeout."""
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=timeout)
         finally:
@@ -211,9 +212,11 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
                     )
                     assert sdk.stdout.splitlines()[-1] == "OK", sdk.stdout + sdk.stderr[-2000:]
             finally:
-                rest = fwd.interrupt()
+                # SLURM's SIGTERM (a time limit) ends the srun forward as Ctrl-C ends the other
+                rest = fwd.interrupt(signal.SIGTERM if via == "srun" else signal.SIGINT)
             assert fwd.proc.returncode == 0, rest
-            assert "dashboard forwarding ended: Ctrl-C" in rest
+            said = "SIGTERM" if via == "srun" else "Ctrl-C"
+            assert f"dashboard forwarding ended: {said}" in rest, rest[-2000:]
             assert not [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard")]
             # once the forward has ended, a captured cookie (a co-tenant who binds the freed
             # port gets what the open tab sends) opens nothing at the dashboard itself

@@ -153,7 +153,7 @@ def test_every_error_of_the_package_is_an_eray_error() -> None:
         for obj in vars(module).values():
             if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == name:
                 classes.append(obj)
-    private = {c for c in classes if c.__name__.startswith("_") or c.__name__ == "Interrupted"}
+    private = {c for c in classes if c.__name__.startswith("_")}
     assert len(classes) - len(private) >= 20
     assert [c.__qualname__ for c in classes if c not in private and not issubclass(c, ErayError)] == []
 

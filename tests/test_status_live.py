@@ -110,12 +110,12 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
             # the rest is read too: a full pipe would stop its writer before it can end
             rest = threading.Thread(target=lambda: first.extend(follow.stdout or ()), daemon=True)
             rest.start()
-            follow.send_signal(signal.SIGINT)
+            follow.send_signal(signal.SIGHUP)  # a closed terminal: as Ctrl-C, exit 128 + 1
             # bounded by stop_foreground_step: SIGTERM and SIGKILL of the srun client (10 s
             # each), then a scancel of its step waited for up to 30 s
             follow.wait(timeout=150)
             rest.join(timeout=10)
-        assert follow.returncode == 130, first[-20:]
+        assert follow.returncode == 128 + signal.SIGHUP, first[-20:]
         assert not [s for s in _steps(testbed, sb.job_id) if s.startswith("eray.sb.logs.")]
 
         # sc: a worker's raylet dies, then the job is cancelled

@@ -47,6 +47,7 @@ from ..plan.names import (
 )
 from ..plan.node_record import NodeRecord
 from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
+from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
 from ..runtime.launch import node_env
 from ..runtime.ray_compat import cli_logger
@@ -132,6 +133,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         self._workers: Memo[dict[str, tuple[JobInfo, str]]] = Memo()
         self._elastic_live = LiveView()
         self._replaced_for: dict[str, JobInfo] | None = None
+        self._head_job_submitted = False  # by this `ray up`: an interrupt of it cancels it
         # replacements come from the head's autoscaler alone (its Ray's environment, from
         # node_run), never from a CLI's provider (`ray down` must not submit jobs)
         env = os.environ
@@ -394,6 +396,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         if self.provider_config.get("job_gone"):
             raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            stop_signals.install()  # SIGTERM and SIGHUP end `ray up` as Ctrl-C does
             if self.job_id == NO_JOB:
                 self._start_head_job(node_config, tags.get(TAG_RAY_USER_NODE_TYPE, "head"))
             self._create_head(self._allocation().head.name, tags)
@@ -433,6 +436,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         try:
             self._wait_head_job(job)
             self._use_head_job(job)
+            self._head_job_submitted = ours
         except JobGoneError:
             raise
         except SlurmCommandError as e:
@@ -454,6 +458,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         started = time.monotonic()
         reason = ""
         while True:
+            stop_signals.check()
             waited = time.monotonic() - started
             try:
                 info = list_jobs(self.cluster_name).get(job)
@@ -485,6 +490,14 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _start_workers_with_head(self) -> None:
         """Nothing: an elastic cluster's workers are jobs that the autoscaler submits."""
+
+    def _stop_started(self) -> None:
+        """An interrupted `ray up` that submitted the head's job ends it with everything it
+        holds; one that found another's job stops only the steps it began there."""
+        if self._head_job_submitted:
+            self.cleanup_cluster_resources()
+        else:
+            SlurmNodeProvider._stop_started(self)
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""

@@ -14,8 +14,11 @@ all nodes (no subprocess per node, no O(N^2)).
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
+import signal
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +38,7 @@ from ..plan.cluster_config import FILLED, fill_config, gone_config
 from ..plan.names import check_cluster_name
 from ..plan.node_record import NodeRecord, tags_match
 from ..plan.node_spec import worker_types
+from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError
 from ..runtime.launch import (
     STEP_GRACE_SECONDS,
@@ -133,6 +137,7 @@ class SlurmNodeProvider(NodeProvider):
         self._answers: Answers = {}
         self._ips: dict[str, str] = {}
         self._names: Memo[dict[str, str]] = Memo()
+        self._start_unfinished = False
 
     def _drop_views(self) -> None:
         """After this provider's own writes, and under the lock where other processes'
@@ -353,6 +358,7 @@ class SlurmNodeProvider(NodeProvider):
 
     def _create_head(self, slurm_node: str, tags: dict[str, str]) -> str:
         state = self.state
+        stop_signals.install()  # SIGTERM and SIGHUP end `ray up` as Ctrl-C does
         if job_state(self.job_id) != "RUNNING":
             raise AllocationError(f"job {self.job_id} is not running: cannot start a cluster on it")
         with state.lock(timeout=300, creating=True):
@@ -366,6 +372,9 @@ class SlurmNodeProvider(NodeProvider):
 
                 state.mark_requested(live[0], tags)
                 return live[0]
+            # from here this `ray up` owns the start: stopped before it ends, it stops it
+            self._start_unfinished = True
+            atexit.register(self._stop_unfinished_start)
             ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.provider_config))
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
@@ -429,6 +438,9 @@ class SlurmNodeProvider(NodeProvider):
                 workers_timeout=WORKERS_JOIN_TIMEOUT,
             )
         except (LaunchError, ClusterStoppingError) as e:
+            if stop_signals.received:
+                return  # the start was stopped: `_stop_unfinished_start` says so
+            self._start_unfinished = False  # failed, not stopped: `ray down` removes it
             cli_logger.abort(str(e))
         address = watch.address
         logger.info("head %s alive at %s", node_id, address)
@@ -449,6 +461,30 @@ class SlurmNodeProvider(NodeProvider):
                     f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
                 )
             _say(f"{counted} (head at {address})")
+        self._start_unfinished = False
+
+    def _stop_unfinished_start(self) -> None:
+        """At the exit of a `ray up` that a stop signal (Ctrl-C, SIGTERM, SIGHUP) ended
+        before the cluster it began was up: stop that cluster (steps, temp dirs, state),
+        so that nothing is left running half-started, then end by that signal. A `ray up`
+        that found the head started by another leaves it; one that failed or finished
+        leaves its cluster to `ray down`."""
+        if not (self._start_unfinished and stop_signals.received):
+            return
+        signum = stop_signals.received[0]
+        say = functools.partial(print, file=sys.stderr, flush=True)  # Ray's logger has ended
+        say(f"eray-provider: {signal.Signals(signum).name} during `ray up`: stopping the cluster it began")
+        with stop_signals.shielded():
+            try:
+                self._stop_started()
+                say("eray-provider: stopped; nothing of it is left")
+            except (LaunchError, TimeoutError) as e:  # TimeoutError: the state's lock
+                say(f"eray-provider: error: {e}")
+        # then the process ends by that signal (``stop_signals.install``'s exit handler)
+
+    def _stop_started(self) -> None:
+        """What an interrupted `ray up` stops: the cluster's steps, temp dirs and state."""
+        teardown(self.state)
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster: its steps only, then temp dirs and state

@@ -43,23 +43,9 @@ from .launch import (
     wait_joined,
 )
 from .ray_compat import RAY_VERSION_TEXT, check_version
+from .stop_signals import STOP_SIGNALS, StopSignal, shielded
 
 DEFAULT_JOIN_TIMEOUT = 300.0
-#: What ends ``eray-provider run`` (passed to the command once it runs).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class StartStopped(BaseException):
-    """A stop signal during the cluster's start: not an ``Exception``, so that no handler of
-    the start takes it for a failure of its own."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(signum)
-
-
-def _noted(_signum: int, _frame: object) -> None:
-    """While the cluster is torn down: the signal was seen already."""
 
 
 def _log(msg: str) -> None:
@@ -139,9 +125,6 @@ def run(
     alloc = running_allocation()
     provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
     state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
-    if state.exists():
-        raise AllocationError(f"a cluster {cluster_name!r} of job {alloc.job_id} already runs ({state.dir})")
-
     proc: subprocess.Popen | None = None
     stopping = False
     launching = False  # the command's Popen runs: a signal now waits for its handle
@@ -151,16 +134,25 @@ def run(
         nonlocal stopping
         stopping = True
         if proc is None and not launching:
-            raise StartStopped(signum)  # the start ends here; the command never runs
+            raise StopSignal(signum)  # the start ends here; the command never runs
         if proc is None:
             pending.append(signum)  # passed on once the command's handle is known
         elif proc.poll() is None:
             proc.send_signal(signum)
 
-    for sig in STOP_SIGNALS:
+    for sig in STOP_SIGNALS:  # passed to the command once it runs
         signal.signal(sig, on_signal)
     code = 1
+    owned = False  # this run created the cluster: only then does it tear it down
     try:
+        with state.lock(timeout=120, creating=True):  # two runs at once: one cluster, one owner
+            if state.exists():
+                raise AllocationError(
+                    f"a cluster {cluster_name!r} of job {alloc.job_id} already runs ({state.dir}): "
+                    "give this one another --name"
+                )
+            state.create(slurm_cluster=known_cluster_name(os.environ))
+            owned = True
         start_cluster(state, alloc, provider, join_timeout, lambda: stopping)
         _log(f"running {' '.join(command)}")
         # this process runs on the job's first node, the head's
@@ -177,8 +169,8 @@ def run(
             proc.send_signal(signum)
         code = proc.wait()
         _log(f"command exited {code}")
-    except StartStopped as e:
-        _log(f"{signal.Signals(e.signum).name} during the cluster's start: the command was not run")
+    except StopSignal as e:
+        _log(f"{e.name} during the cluster's start: the command was not run")
         code = 128 + e.signum
     except ConfigError as e:
         _log(f"error: {e}")
@@ -186,12 +178,12 @@ def run(
     except (ErayError, TimeoutError) as e:  # TimeoutError: the state's lock (filelock)
         _log(f"error: {e}")
     finally:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, _noted)  # the teardown runs to its end (SLURM's KillWait bounds it)
-        try:
-            teardown(state)
-            _log("cluster stopped")
-        except TeardownError as e:
-            _log(f"error: {e}")
-            code = code or 1
+        if owned:
+            with shielded():  # the teardown runs to its end (SLURM's KillWait bounds it)
+                try:
+                    teardown(state)
+                    _log("cluster stopped")
+                except TeardownError as e:
+                    _log(f"error: {e}")
+                    code = code or 1
     return code

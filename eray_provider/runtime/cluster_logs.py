@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from ..slurm.srun import clean_env, srun_argv, stop_foreground_step
 from .cluster_state import ClusterState
 from .node_logs import DEFAULT_COMPONENTS, check_components, collected, show
 from .process_identity import parse_identity
+from .stop_signals import StopSignal, shielded, stop_signals_raise
 
 #: Seconds the live nodes of one batch of jobs may take to print their logs (``--follow``
 #: has no limit but the job).
@@ -142,22 +142,15 @@ def pick(nodes: list[NodeLogs], node: str | None) -> list[NodeLogs]:
     return chosen
 
 
-class Interrupted(Exception):
-    """Ctrl-C while a node's logs were read: the step was ended, nothing more is read."""
-
-
 def _python(state: ClusterState) -> str:
     return str(state.cluster_config().get("provider", {}).get("python") or sys.executable)
 
 
 def _stop_steps(running: list[tuple[str, str, subprocess.Popen]]) -> None:
     """End the steps this read started (each bounded by ``stop_foreground_step``)."""
-    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
-    try:
+    with shielded():  # a second Ctrl-C must not cut this
         for job, name, proc in running:
             stop_foreground_step(proc, job, name)
-    finally:
-        signal.signal(signal.SIGINT, interrupt)
 
 
 def _follow(state: ClusterState, n: NodeLogs, components: list[str]) -> int:
@@ -174,8 +167,6 @@ def _follow(state: ClusterState, n: NodeLogs, components: list[str]) -> int:
     proc = subprocess.Popen(argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        raise Interrupted from None
     finally:
         _stop_steps([(n.slurm_job, name, proc)])
 
@@ -226,8 +217,6 @@ def _read_live(state: ClusterState, nodes: list[NodeLogs], components: list[str]
                         status = 1
                     for host in by_job[job]:
                         _print_file(out / f"{job}.{host}", f"{host} (job {job})")
-            except KeyboardInterrupt:
-                raise Interrupted from None
             finally:
                 _stop_steps(running)
     finally:
@@ -253,17 +242,12 @@ def show_logs(
     follow: bool = False,
 ) -> int:
     """Print the logs; returns the exit status (1: nothing to show, or a node not read;
-    130: interrupted by Ctrl-C, SIGTERM or SIGHUP, after the step it held ended)."""
-    previous = {s: signal.signal(s, _interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    128 + the signal: stopped by Ctrl-C, SIGTERM or SIGHUP, after the steps it held ended)."""
     try:
-        return _show_logs(base, cluster, job, dirs, node, components, follow)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _interrupted(_signum, _frame) -> None:
-    raise Interrupted  # as Ctrl-C: the step a live read holds ends first
+        with stop_signals_raise():
+            return _show_logs(base, cluster, job, dirs, node, components, follow)
+    except StopSignal as e:
+        return e.exit_status
 
 
 def _show_logs(
@@ -289,18 +273,12 @@ def _show_logs(
                 "--follow follows one live node: name it with --node (live: "
                 f"{', '.join(n.node_id for n in live) or 'none'})"
             )
-        try:
-            return _follow(state, live[0], components)
-        except Interrupted:
-            return 130
-    try:
-        for n in chosen:
-            if not n.live and show(Path(n.path), components, n.title) == 0:
-                print(
-                    f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected",
-                    file=sys.stderr,
-                )
-        live = [n for n in chosen if n.live]
-        return _read_live(state, live, components) if live else 0
-    except (Interrupted, KeyboardInterrupt):
-        return 130
+        return _follow(state, live[0], components)
+    for n in chosen:
+        if not n.live and show(Path(n.path), components, n.title) == 0:
+            print(
+                f"eray-provider: {n.title}: no {'/'.join(components)} logs were collected",
+                file=sys.stderr,
+            )
+    live = [n for n in chosen if n.live]
+    return _read_live(state, live, components) if live else 0

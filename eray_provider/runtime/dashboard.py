@@ -54,6 +54,7 @@ from .loopback_hold import bind_held
 from .node_run import current_head
 from .relay_client import RelayClient
 from .socket_table import connection_uid
+from .stop_signals import StopSignal, shielded, stop_signals_raise
 
 LOGIN_PREFIX = "/eray-provider/login/"
 #: Ray's cookie for the dashboard's token (``authentication_constants``).
@@ -367,14 +368,22 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
     except OSError as e:
         raise ConfigError(f"--port {port}: cannot listen on 127.0.0.1:{port}: {e}") from e
     v6 = _hold_v6_loopback(listener.getsockname()[1], out)
+    with stop_signals_raise():
+        reason = _forward(state, head, mode, listener, v6, out)
+    print(f"eray-provider: dashboard forwarding ended: {reason}", file=out, flush=True)
+    return 0 if reason in ("Ctrl-C", "SIGTERM", "SIGHUP") else 1
+
+
+def _forward(state: ClusterState, head: Head, mode: str, listener: socket.socket, v6, out) -> str:
+    """Serve until the cluster ends or a stop signal; returns why it ended. Whatever way it
+    ends, the listeners close and the relay step ends before it returns."""
     relay = None
     reason = "?"
-    previous = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if mode == "srun":
             relay = _start_relay(state, head)
             if not relay.wait_ready(RELAY_START_TIMEOUT):
-                raise _Terminated(
+                raise _RelayFailed(
                     f"the relay step on {head.slurm_node} did not start within {RELAY_START_TIMEOUT:.0f} s"
                 )
         local = listener.getsockname()[1]
@@ -390,22 +399,18 @@ def run(state: ClusterState, port: int = 0, via: str = "auto", out=None) -> int:
             flush=True,
         )
         reason = forwarder.serve(listener)
-    except KeyboardInterrupt:
-        reason = "Ctrl-C"
-    except _Terminated as e:
+    except StopSignal as e:
+        reason = "Ctrl-C" if e.signum == signal.SIGINT else e.name
+    except _RelayFailed as e:
         reason = str(e)
     finally:
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
-        listener.close()
-        if v6 is not None:
-            v6.close()
-        if relay is not None:
-            relay.stop()
-        signal.signal(signal.SIGINT, interrupt)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    print(f"eray-provider: dashboard forwarding ended: {reason}", file=out, flush=True)
-    return 0 if reason in ("Ctrl-C", "SIGTERM", "SIGHUP") else 1
+        with shielded():  # a second Ctrl-C must not cut this
+            listener.close()
+            if v6 is not None:
+                v6.close()
+            if relay is not None:
+                relay.stop()
+    return reason
 
 
 def _hold_v6_loopback(port: int, out) -> socket.socket | None:
@@ -440,12 +445,8 @@ def _start_relay(state: ClusterState, head: Head) -> RelayClient:
     return RelayClient(argv, (job, name))
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _terminate(signum, _frame) -> None:
-    raise _Terminated(signal.Signals(signum).name)
+class _RelayFailed(Exception):
+    """The relay step did not start: the forward ends with this reason."""
 
 
 def resolve(target: str, job: str | None, base: Path) -> ClusterState:

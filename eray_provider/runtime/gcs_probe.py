@@ -8,7 +8,8 @@ node id given on standard input, one a line, is alive (printing ``joined ID`` as
 one joins) (``RAY_CLOUD_INSTANCE_ID``, which
 ``node_run`` sets on every node; not arguments, which 10,000 ids would overflow). It
 waits for the GCS port, then asks every ``POLL_SECONDS`` over one client; exit 0 when
-all are alive, 1 (naming the missing ones) after ``S`` seconds. A start waits through
+all are alive, 1 (naming the missing ones) after ``S`` seconds or once the process
+that started it has ended. A start waits through
 one such process instead of starting Python and Ray's client once per poll: on a
 machine busy starting Ray, each of those took it a CPU-second.
 
@@ -20,6 +21,7 @@ not answer without a deadline of its own.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -39,9 +41,16 @@ def _alive(client) -> dict[str, str]:
 
 def wait(address: str, ids: list[str], timeout: float) -> int:
     deadline = time.monotonic() + timeout
+    parent = os.getppid()
+
+    def orphaned() -> bool:
+        """The start that waits through this process ended (a `ray up` killed by a
+        signal has no `finally`): nobody reads the answer any more."""
+        return os.getppid() != parent
+
     host, _, port = address.rpartition(":")
     while not port_open(host, int(port), timeout=1):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or orphaned():
             print(f"the GCS at {address} did not open within {timeout:.0f} s", flush=True)
             return 1
         time.sleep(0.1)
@@ -63,7 +72,7 @@ def wait(address: str, ids: list[str], timeout: float) -> int:
         if not missing:
             print(" ".join(alive[i] for i in ids), flush=True)
             return 0
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or orphaned():
             print(f"not alive after {timeout:.0f} s: {' '.join(missing)}", flush=True)
             return 1
         time.sleep(POLL_SECONDS)

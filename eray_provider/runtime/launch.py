@@ -32,6 +32,7 @@ from ..slurm.allocation import Allocation
 from ..slurm.client import SlurmCommandError
 from ..slurm.hostlist import compress
 from ..slurm.srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
+from . import stop_signals
 from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
 from .port_probe import (
@@ -360,6 +361,7 @@ def wait_head_ready(
         return None
 
     while (ip := state.read_marker(node_id, "ip")) is None and time.monotonic() < deadline:
+        stop_signals.check()
         if reason := failed():
             raise LaunchError(reason)
         time.sleep(0.25)
@@ -440,6 +442,7 @@ class AliveWatch:
         deadline = min(time.monotonic() + max(timeout, 0.0), self._deadline)
         on_poll([i for i in node_ids if i in self.joined])
         while missing := self._collect(node_ids, on_poll):
+            stop_signals.check()
             if self._proc.poll() is not None:
                 self._reader.join(timeout=5)
                 return self._collect(node_ids, on_poll)

@@ -20,6 +20,7 @@ import atexit
 import logging
 import os
 import re
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ..slurm.step import StepLayout, step_layout
 from .batch import DEFAULT_JOIN_TIMEOUT, job_cluster_config, start_cluster
 from .cluster_state import ClusterState, ensure_private_dir, remove_state_dir
 from .launch import TeardownError, cluster_env, teardown
+from .stop_signals import StopSignal, shielded, stop_signals_raise
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +103,27 @@ def _build(
     state: ClusterState, layout: StepLayout, slurm_cluster: str, start_workers: bool, timeout: float
 ) -> str:
     """First process: the step's cluster, then the ``ready`` (or ``failed``) marker, which
-    every other process waits for."""
+    every other process waits for. A stop signal during the start (Ctrl-C; SLURM's SIGTERM
+    at a time limit) ends it: what began is torn down at once (no other process has
+    connected), and SIGTERM or SIGHUP ends the process with 128 + the signal
+    (``SystemExit``, so the caller's ``finally`` blocks run)."""
     atexit.register(_teardown, state, layout.num_processes)
+    try:
+        with stop_signals_raise():
+            return _start(state, layout, slurm_cluster, start_workers, timeout)
+    except StopSignal as e:
+        atexit.unregister(_teardown)
+        with shielded():
+            _teardown(state, 0)  # the others see the state dir go (``_wait_ready``)
+        logger.error("%s during the step's Ray cluster start: it was stopped", e.name)
+        if e.signum == signal.SIGINT:
+            raise
+        raise SystemExit(e.exit_status) from None
+
+
+def _start(
+    state: ClusterState, layout: StepLayout, slurm_cluster: str, start_workers: bool, timeout: float
+) -> str:
     try:
         if state.exists():
             raise AllocationError(
@@ -131,10 +152,14 @@ def _build(
 def _wait_ready(state: ClusterState, timeout: float) -> str:
     """Other processes: the address the first process published."""
     deadline = time.monotonic() + timeout
+    seen = False
     while time.monotonic() < deadline:
         failed = _marker(state, "failed")
         if failed.exists():
             raise ClusterError(f"the step's Ray cluster did not start: {failed.read_text()}")
+        if seen and not state.dir.exists():
+            raise ClusterError(f"the step's Ray cluster was stopped during its start ({state.dir})")
+        seen = seen or state.dir.exists()
         ready = _marker(state, "ready")
         if ready.exists() and ready.read_text():
             return ready.read_text()
