@@ -64,6 +64,25 @@ def test_two_groups_one_after_the_other_and_at_once(jax_cluster: Cluster) -> Non
     assert conc.count('"sum": 6') == 6
 
 
+def test_plain_actors_initialize_with_rank_0_anywhere_and_one_group_after_another(
+    jax_cluster: Cluster,
+) -> None:
+    """``initialize(rank, world)`` with no coordinator: rank 0 serves on its own node
+    (here not the head), the others find it through the GCS; a second group of the same
+    default name, after the first was killed, gets a port of its own."""
+    proc = jax_cluster.ray("submit", str(jax_cluster.config), "tests/drivers/jax_groups.py", "plain")
+    out = proc.stdout
+    assert "Terminating process because" not in out + proc.stderr
+    assert "Failed to add port" not in out + proc.stderr
+    rounds = [json.loads(line.split(" ", 1)[1]) for line in markers(out, "PLAIN")]
+    assert len(rounds) == 2, out[-3000:]
+    for r in rounds:
+        assert [x["sum"] for x in r["out"]] == [6, 6, 6] and [x["world"] for x in r["out"]] == [3, 3, 3]
+        assert [x["rank"] for x in r["out"]] == [0, 1, 2]
+    head_ip = rounds[0]["ips"][1]  # the first group's rank 1 ran on node1, the head
+    assert rounds[0]["ips"][0] != head_ip and rounds[1]["ips"][0] != head_ip
+
+
 def test_killed_rank_raises_in_bounded_time_and_leaves_nothing(jax_cluster: Cluster) -> None:
     out = jax_cluster.ray("submit", str(jax_cluster.config), "tests/drivers/jax_groups.py", "kill").stdout
     assert not markers(out, "NOERROR")

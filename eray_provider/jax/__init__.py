@@ -167,8 +167,17 @@ def initialize(
     coordinator_address: str | None = None,
     local_device_ids: Sequence[int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    group: str | None = None,
 ) -> None:
-    """Initialize ``jax.distributed`` in this process (one rank of one group)."""
+    """Initialize ``jax.distributed`` in this process (one rank of one group).
+
+    Without ``coordinator_address``, in a Ray worker (an actor or a task), rank 0 serves
+    as the coordinator on its own node, wherever Ray placed it, at a JAX port of the job
+    reserved for the group, and publishes that address in the GCS; the other ranks wait
+    for it (``rendezvous``). ``group`` names the group (default: the placement group the
+    rank runs in, else the driver's job): two groups alive at once outside placement
+    groups need names of their own. Outside Ray the coordinator is the head at the job's
+    first JAX port."""
     global _state
     for name, value in (("process_id", process_id), ("num_processes", num_processes)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -188,6 +197,8 @@ def initialize(
             f"jax.distributed is already initialized in this process (rank {_state['rank']} of "
             f"{_state['world']}, coordinator {_state['coordinator']}): use one process per rank"
         )
+    if coordinator_address is None and _in_ray():
+        coordinator_address = rendezvous(process_id, group or default_group(), timeout)
     coordinator = coordinator_address or default_coordinator()
     _check_address(coordinator)
     devices = local_device_ids if local_device_ids is not None else ray_gpu_ids()
@@ -341,15 +352,30 @@ def actor_options(
     return {"runtime_env": {"env_vars": env}}
 
 
-def initialize_from_env() -> bool:
-    """Called by the runtime hook in every worker: initialize when the actor asked for it."""
-    if environment.RANK not in os.environ or is_initialized():
-        return False
+def _in_ray() -> bool:
+    """This process is connected to Ray (a worker, or a driver after ``ray.init``)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def default_group() -> str:
+    """The group of a rank that named none: its placement group (one per group, as
+    ``ProcessGroup`` makes them), else its driver's job."""
+    import ray
+
+    context = ray.get_runtime_context()
+    pg = context.get_placement_group_id()
+    return f"pg-{pg}" if pg else f"job-{context.get_job_id()}"
+
+
+def rendezvous(rank: int, group: str, timeout: float) -> str:
+    """The coordinator address of ``group``. Rank 0: its own node's address at a JAX port
+    reserved for the group (``reserve_group_port``), published in the GCS. Other ranks:
+    the published address once its coordinator accepts connections, so that an address an
+    earlier group of the same name left behind (its ranks killed, nothing withdrew it) is
+    never taken; ``GroupError`` after ``timeout`` seconds."""
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
-    rank, world = int(os.environ[environment.RANK]), int(os.environ[environment.WORLD])
-    group = os.environ.get(environment.GROUP, "default")
-    timeout = float(os.environ.get(environment.TIMEOUT, DEFAULT_TIMEOUT))
     key = _KV_RENDEZVOUS.format(group=group)
     if rank == 0:
         import ray
@@ -357,14 +383,28 @@ def initialize_from_env() -> bool:
         ip = ray.util.get_node_ip_address()
         address = f"{ip}:{reserve_group_port(group, ip)}"
         _internal_kv_put(key, address, overwrite=True)
-    else:
-        deadline = time.monotonic() + timeout
-        while (value := _internal_kv_get(key)) is None:
-            if time.monotonic() > deadline:
-                raise GroupError(f"rank 0 of group {group!r} never published its address", rank)
-            time.sleep(0.1)
-        address = value.decode()
-    initialize(rank, world, coordinator_address=address, timeout=timeout)
+        return address
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        value = _internal_kv_get(key)
+        last = value.decode() if value is not None else None
+        if last is not None and not _coordinator_gone(last):
+            return last
+        if time.monotonic() > deadline:
+            said = f" (the address published, {last}, does not answer)" if last else ""
+            raise GroupError(f"rank 0 of group {group!r} never published its address{said}", rank)
+        time.sleep(0.1)
+
+
+def initialize_from_env() -> bool:
+    """Called by the runtime hook in every worker: initialize when the actor asked for it."""
+    if environment.RANK not in os.environ or is_initialized():
+        return False
+    rank, world = int(os.environ[environment.RANK]), int(os.environ[environment.WORLD])
+    group = os.environ.get(environment.GROUP, "default")
+    timeout = float(os.environ.get(environment.TIMEOUT, DEFAULT_TIMEOUT))
+    initialize(rank, world, coordinator_address=rendezvous(rank, group, timeout), timeout=timeout)
     return True
 
 

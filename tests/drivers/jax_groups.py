@@ -36,6 +36,8 @@ def main(part: str) -> None:
             print("PORTS", a.port, b.port, flush=True)
             ra, rb = a.run(total), b.run(total)
             print("CONC", json.dumps(ra), json.dumps(rb), flush=True)
+    elif part == "plain":
+        plain(ray)
     elif part == "kill":
         group = ProcessGroup(timeout=60)
         group.start()
@@ -55,6 +57,35 @@ def main(part: str) -> None:
         while alive_rank_actors() and time.monotonic() < deadline:
             time.sleep(0.5)
         print("ALIVE_AFTER", alive_rank_actors(), flush=True)
+
+
+def plain(ray) -> None:
+    """Plain actors calling ``initialize(rank, world)``, rank 0 on a worker node (not the
+    head), then a second group of the same (default) name once the first was killed."""
+    from ray.util.state import list_actors
+
+    from eray_provider import jax as ejax
+
+    @ray.remote(num_cpus=0)
+    class Plain:
+        def init(self, rank: int, world: int) -> str:
+            ejax.initialize(rank, world, timeout=60)
+            return ray.util.get_node_ip_address()
+
+        def total(self) -> dict:
+            return total()
+
+    for i, order in enumerate((["node3", "node1", "node2"], ["node2", "node3", "node1"])):
+        actors = [Plain.options(resources={f"slurm_node:{n}": 0.01}).remote() for n in order]
+        ips = ray.get([a.init.remote(rank, 3) for rank, a in enumerate(actors)], timeout=120)
+        print("PLAIN", i, json.dumps({"ips": ips, "out": ray.get([a.total.remote() for a in actors])}))
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and list_actors(
+            filters=[("class_name", "=", "Plain"), ("state", "=", "ALIVE")]
+        ):
+            time.sleep(0.5)
 
 
 if __name__ == "__main__":
