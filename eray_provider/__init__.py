@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .jax.distributed import DistributedConfig
+from .jax.distributed import DistributedConfig, logical_cpu_core_count
 from .plan.modules import LAZY
 from .plan.ports import PortPlan
 from .slurm.allocation import Allocation, AllocationError, NodeShare
@@ -26,8 +26,10 @@ __all__ = [
     "SlurmNodeProvider",
     "auto_ray_cluster",
     "compress",
+    "eSlurmCluster",
     "expand",
     "expand_counts",
+    "logical_cpu_core_count",
 ]
 
 

@@ -24,10 +24,17 @@ from dataclasses import dataclass
 
 from ..plan.ports import job_coordinator_port
 from ..slurm.allocation import AllocationError
-from ..slurm.env import in_step_task
+from ..slurm.env import cpus_on_node, in_step_task
 from ..slurm.step import StepLayout, step_layout, task_bound
 
 logger = logging.getLogger(__name__)
+
+
+def logical_cpu_core_count() -> int:
+    """The CPUs SLURM gave the job on this node (``SLURM_CPUS_ON_NODE``, for all its tasks
+    there together), else every CPU of the machine (``os.cpu_count()``, the affinity mask
+    not counted): eFormer's helper of that name, with its answers."""
+    return cpus_on_node(os.environ) or os.cpu_count() or 1
 
 
 def local_device_ids(

@@ -24,6 +24,7 @@ LAZY = {
     "SlurmJobProvider": "eray_provider.autoscaler.elastic",
     "auto_ray_cluster": "eray_provider.runtime.ray_cluster",
     "RayClusterConfig": "eray_provider.runtime.ray_cluster",
+    "eSlurmCluster": "eray_provider.jax.slurm_cluster",  # imports JAX
 }
 RUN_AS_PROCESS = (NODE_RUN, END_WATCH, PORT_PROBE, GCS_PROBE, NODE_LOGS, RELAY)
 

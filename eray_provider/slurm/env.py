@@ -55,6 +55,13 @@ def _count_of(env: Mapping[str, str], var: str) -> int:
     return int(value)
 
 
+def cpus_on_node(env: Mapping[str, str]) -> int | None:
+    """The CPUs SLURM gave the job on this node, for all its tasks there together
+    (``SLURM_CPUS_ON_NODE``); None outside SLURM."""
+    value = env.get("SLURM_CPUS_ON_NODE")
+    return None if value is None else _int("SLURM_CPUS_ON_NODE", value)
+
+
 def node_index(env: Mapping[str, str]) -> int:
     """This node's index in its job (``SLURM_NODEID``; 0 when unset)."""
     return _count_of(env, "SLURM_NODEID")

@@ -51,6 +51,15 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
     return int(value)
 
 
+#: Where a step's node list is read from, first found first.
+NODE_LIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
+def node_list_text(env: Mapping[str, str]) -> str | None:
+    """The step's node list as SLURM wrote it (a hostlist expression); None outside SLURM."""
+    return next((env[v] for v in NODE_LIST_VARIABLES if v in env), None)
+
+
 def step_layout(env: Mapping[str, str]) -> StepLayout:
     """The task layout of the srun step this process belongs to (pure: reads ``env`` only).
 
@@ -63,7 +72,7 @@ def step_layout(env: Mapping[str, str]) -> StepLayout:
             "script and an salloc shell are one task; run the program under srun)"
         )
     _, job = _need(env, "SLURM_JOB_ID", "SLURM_JOBID")
-    var, nodelist = _need(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    var, nodelist = _need(env, *NODE_LIST_VARIABLES)
     try:
         nodes = tuple(expand(nodelist))
     except HostlistError as e:
