@@ -188,9 +188,11 @@ def test_elastic_ray_up_interrupted_while_its_head_job_waits(testbed: Testbed, t
     # every CPU of the bed is taken: the head's job waits (PENDING) as long as this runs
     blocker = testbed.salloc("-N3", "--exclusive", "-J", "eray-blocker")
     cluster = ElasticCluster(testbed, tmp_path, "elint")
+    started: list[subprocess.Popen] = []
     try:
         # the `ray up` that submitted the head's job, stopped: the job is cancelled
         up = _ray_up(cluster)
+        started.append(up)
         wait_until("the head's job", lambda: bool(cluster.jobs()), up, timeout=120)
         up.send_signal(signal.SIGTERM)
         out, _ = up.communicate(timeout=120)
@@ -199,8 +201,10 @@ def test_elastic_ray_up_interrupted_while_its_head_job_waits(testbed: Testbed, t
 
         # two `ray up`: the second finds the first's job, is interrupted, and leaves it
         first = _ray_up(cluster)
+        started.append(first)
         wait_until("the head's job", lambda: bool(cluster.jobs()), first, timeout=120)
         second = _ray_up(cluster)
+        started.append(second)
         seen: list[str] = []
         assert second.stdout is not None
         watchdog = threading.Timer(120, second.kill)  # the read below must not wait for ever
@@ -223,6 +227,9 @@ def test_elastic_ray_up_interrupted_while_its_head_job_waits(testbed: Testbed, t
         assert first.returncode == 0, out1[-3000:]
         assert list(cluster.jobs().values()) == ["eray.elint.head"]
     finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()  # its head's job, if any, is ended by name below
         testbed.cancel(blocker)
         cluster.down(check=False)
     cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster")

@@ -416,38 +416,42 @@ class SlurmJobProvider(SlurmNodeProvider):
         SLURM does not answer the job is kept (the next `ray up` finds it by name, `ray
         down` cancels it) and the error says so."""
         base = ensure_private_dir(self.state.base)
-        with FileLock(str(base / f".{self.cluster_name}.head.lock"), timeout=slurm_timeout() * 4):
-            head = _live_head_job(self.cluster_name)
-            ours = head is None
-            if head is None:
-                request = node_request(self.provider_config, node_config, head_type)
-                job = submit(
-                    request,
-                    head_job_name(self.cluster_name),
-                    "#!/bin/bash\nexec sleep infinity\n",
-                    self._head_log("%j"),
-                    clean_env(os.environ),
-                    warn_s=self._drain_lead,
-                )
-                cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
-            else:
-                job = head.job_id
-                cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
+        job: str | None = None
+        ours = False
         try:
+            with FileLock(str(base / f".{self.cluster_name}.head.lock"), timeout=slurm_timeout() * 4):
+                head = _live_head_job(self.cluster_name)
+                if head is None:
+                    request = node_request(self.provider_config, node_config, head_type)
+                    job = submit(
+                        request,
+                        head_job_name(self.cluster_name),
+                        "#!/bin/bash\nexec sleep infinity\n",
+                        self._head_log("%j"),
+                        clean_env(os.environ),
+                        warn_s=self._drain_lead,
+                    )
+                    ours = True
+                    cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
+                else:
+                    job = head.job_id
+                    cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
             self._wait_head_job(job)
             self._use_head_job(job)
             self._head_job_submitted = ours
         except JobGoneError:
             raise
         except SlurmCommandError as e:
+            if job is None:
+                raise  # nothing was submitted
             raise SlurmCommandError(
                 f"{e}; the head's SLURM job {job} was kept (SLURM did not answer, which says nothing "
                 "about the job): `ray up` again uses it, `ray down` cancels it"
             ) from e
         except BaseException:
-            if ours:
+            if ours and job is not None:
                 cancel_jobs([job])  # never leave a head job nobody tracks
-            else:
+            elif job is not None:
                 cli_logger.print(f"The head's SLURM job {job} was submitted by another `ray up`: left to it")
             raise
 
