@@ -14,49 +14,91 @@ from eray_provider.runtime import stop_signals
 from eray_provider.runtime.stop_signals import StopSignal, shielded, stop_signals_raise
 
 
+@pytest.fixture(autouse=True)
+def _fresh_scope():
+    """Each test starts with nothing received and no scope open, and leaves none."""
+    before = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
+    stop_signals.received.clear()
+    yield
+    stop_signals.received.clear()
+    stop_signals._scope.open = False
+    stop_signals._scope.exit_by_signal = False
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def _deliver(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    signal.sigtimedwait([], 0)  # a point where Python runs the handler
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_each_stop_signal_raises_one_exception_and_the_handlers_come_back(sig) -> None:
     before = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
     with pytest.raises(StopSignal) as caught, stop_signals_raise():
-        os.kill(os.getpid(), sig)
-        signal.sigtimedwait([], 0)  # a point where Python runs the handler
+        _deliver(sig)
     assert caught.value.signum == sig and caught.value.exit_status == 128 + sig
     assert isinstance(caught.value, KeyboardInterrupt)  # Ray's CLI handles it as Ctrl-C
     assert {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS} == before
 
 
+def test_only_the_first_signal_raises_and_a_lost_one_is_raised_again_by_check() -> None:
+    with stop_signals_raise():
+        with pytest.raises(StopSignal):
+            _deliver(signal.SIGTERM)
+        _deliver(signal.SIGINT)  # a second Ctrl-C while the command stops: noted only
+        assert stop_signals.received == [signal.SIGTERM, signal.SIGINT]
+        with pytest.raises(StopSignal) as again:
+            stop_signals.check()  # as a wait loop does when the first raise was lost
+        assert again.value.signum == signal.SIGTERM
+        with shielded():
+            stop_signals.check()  # never while what began is being stopped
+    stop_signals.check()  # nor outside the scope: a caller that caught it goes on
+
+
 def test_shielded_notes_the_signal_and_goes_on() -> None:
-    stop_signals.received.clear()
     with stop_signals_raise(), shielded():
-        os.kill(os.getpid(), signal.SIGTERM)
-        signal.sigtimedwait([], 0)
+        _deliver(signal.SIGTERM)
         went_on = True
     assert went_on and stop_signals.received == [signal.SIGTERM]
-    stop_signals.received.clear()
 
 
 def test_install_leaves_a_handler_someone_else_set() -> None:
     def mine(_signum, _frame) -> None:
         pass
 
-    previous = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
     signal.signal(signal.SIGTERM, mine)
-    try:
-        taken = stop_signals.install(only_unhandled=True)
-        assert signal.SIGTERM not in taken and signal.getsignal(signal.SIGTERM) is mine
-        assert set(taken) == {signal.SIGINT, signal.SIGHUP}
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    taken = stop_signals.install()
+    assert signal.SIGTERM not in taken and signal.getsignal(signal.SIGTERM) is mine
+    assert set(taken) == {signal.SIGINT, signal.SIGHUP}
 
 
-def test_exit_by_ends_the_process_by_that_signal_and_skips_nothing_before() -> None:
-    code = (
-        "import sys; from eray_provider.runtime.stop_signals import exit_by; "
-        "print('before', flush=True); exit_by(15)"
+_CHILD = """
+import sys
+from eray_provider.runtime import stop_signals
+from eray_provider.runtime.stop_signals import StopSignal, stop_signals_raise
+if sys.argv[1] == "install":
+    stop_signals.install()
+try:
+    with stop_signals_raise():
+        print("ready", flush=True)
+        sys.stdin.read()
+except StopSignal:
+    print("caught", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode, status", [("scope", 0), ("install", -signal.SIGTERM)])
+def test_the_process_ends_by_the_signal_only_after_install(mode, status) -> None:
+    """A command that caught the signal in a scope (dashboard, logs) exits as it says; one
+    that installed the handlers for good (`ray up`, `ray down`) ends by the signal."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == -signal.SIGTERM and proc.stdout == "before\n", proc
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert out == "caught\n" and proc.returncode == status
 
 
 def test_the_other_tasks_of_a_step_cluster_stopped_during_its_start_are_told_at_once(tmp_path) -> None:

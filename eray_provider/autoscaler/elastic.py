@@ -423,22 +423,25 @@ class SlurmJobProvider(SlurmNodeProvider):
                 head = _live_head_job(self.cluster_name)
                 if head is None:
                     request = node_request(self.provider_config, node_config, head_type)
-                    job = submit(
-                        request,
-                        head_job_name(self.cluster_name),
-                        "#!/bin/bash\nexec sleep infinity\n",
-                        self._head_log("%j"),
-                        clean_env(os.environ),
-                        warn_s=self._drain_lead,
-                    )
-                    ours = True
+                    with stop_signals.shielded():  # a job SLURM accepted is known here
+                        job = submit(
+                            request,
+                            head_job_name(self.cluster_name),
+                            "#!/bin/bash\nexec sleep infinity\n",
+                            self._head_log("%j"),
+                            clean_env(os.environ),
+                            warn_s=self._drain_lead,
+                        )
+                        ours = True
                     cli_logger.print(f"Submitted the head's SLURM job {job} ({' '.join(request.argv())})")
                 else:
                     job = head.job_id
                     cli_logger.print(f"Using the head's SLURM job {job} ({head.state})")
             self._wait_head_job(job)
             self._use_head_job(job)
-            self._head_job_submitted = ours
+            if ours:
+                self._head_job_submitted = True
+                self._own_start()  # from here a stop at any point ends the job (at exit)
         except JobGoneError:
             raise
         except SlurmCommandError as e:
@@ -450,7 +453,8 @@ class SlurmJobProvider(SlurmNodeProvider):
             ) from e
         except BaseException:
             if ours and job is not None:
-                cancel_jobs([job])  # never leave a head job nobody tracks
+                with stop_signals.shielded():  # a second Ctrl-C must not cut this
+                    cancel_jobs([job])  # never leave a head job nobody tracks
             elif job is not None:
                 cli_logger.print(f"The head's SLURM job {job} was submitted by another `ray up`: left to it")
             raise
@@ -495,13 +499,18 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _start_workers_with_head(self) -> None:
         """Nothing: an elastic cluster's workers are jobs that the autoscaler submits."""
 
-    def _stop_started(self) -> None:
-        """An interrupted `ray up` that submitted the head's job ends it with everything it
-        holds; one that found another's job stops only the steps it began there."""
+    def _own_start(self) -> None:
+        """Only the `ray up` that submitted the head's job owns the start: one that found
+        another's job (both waiting for it) never stops what the other began."""
         if self._head_job_submitted:
-            self.cleanup_cluster_resources()
-        else:
+            super()._own_start()
+
+    def _stop_started(self) -> None:
+        """An interrupted `ray up` that submitted the head's job stops the steps it began
+        in it, then cancels it."""
+        if self.state.exists():
             SlurmNodeProvider._stop_started(self)
+        cancel_jobs([self.job_id])
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
@@ -796,6 +805,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         this cluster that no longer run, wait (bounded) until they have ended, so that their
         nodes' logs reach the state dir before it goes, stop the head's steps, then cancel
         the head's own job when ``ray up`` submitted it."""
+        stop_signals.install()  # SIGTERM and SIGHUP stop `ray down` as Ctrl-C does
         jobs = list_jobs(self.cluster_name)
         heads = {j.job_id for j in jobs.values() if is_head_job(j.name, self.cluster_name) and j.live}
         gone_heads: dict[str, bool] = {}

@@ -14,11 +14,12 @@ all nodes (no subprocess per node, no O(N^2)).
 from __future__ import annotations
 
 import atexit
-import functools
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -71,6 +72,8 @@ STEP_CACHE_SECONDS = 5.0
 UNKNOWN: dict[str, str] = {}
 #: Seconds the srun that signals one node's process may take.
 SIGNAL_TIMEOUT = 60.0
+#: How long Ray's updater thread is held once `ray up` is stopped (the process ends first).
+STOP_PARK_SECONDS = 600.0
 #: How long ``ray up`` waits for the workers launched with the head to join.
 WORKERS_JOIN_TIMEOUT = 300.0
 #: How long a node also answers to the tags a racing create_node asked for.
@@ -113,7 +116,18 @@ def _say(line: str) -> None:
     cli_logger.print(f"eray-provider: {line}")
 
 
+def _tell(line: str) -> None:
+    """A line on stderr at exit, when Ray's logger has ended; a closed terminal (the
+    SIGHUP case) or a pipe whose reader died must not stop what follows."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"eray-provider: {line}", file=sys.stderr, flush=True)
+
+
 class SlurmNodeProvider(NodeProvider):
+    #: this `ray up` began the cluster's start (``_own_start``), and saw it end
+    _start_owned = False
+    _started_here = False
+
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
         job = provider_config.get("job_id")
@@ -137,7 +151,6 @@ class SlurmNodeProvider(NodeProvider):
         self._answers: Answers = {}
         self._ips: dict[str, str] = {}
         self._names: Memo[dict[str, str]] = Memo()
-        self._start_unfinished = False
 
     def _drop_views(self) -> None:
         """After this provider's own writes, and under the lock where other processes'
@@ -271,6 +284,7 @@ class SlurmNodeProvider(NodeProvider):
         after this call, and a dict lookup each is what 10,000 nodes can afford. The
         answers are computed again only when the records or listings changed, and
         forgotten on this provider's own writes."""
+        stop_signals.check()  # `ray up`'s main thread polls here for the head: a lost stop
         self._answers = answers = self._round.get(self._round_inputs(), self._compute_answers)
         if not tag_filters:
             return list(answers)
@@ -372,9 +386,7 @@ class SlurmNodeProvider(NodeProvider):
 
                 state.mark_requested(live[0], tags)
                 return live[0]
-            # from here this `ray up` owns the start: stopped before it ends, it stops it
-            self._start_unfinished = True
-            atexit.register(self._stop_unfinished_start)
+            self._own_start()
             ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.provider_config))
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
@@ -438,9 +450,12 @@ class SlurmNodeProvider(NodeProvider):
                 workers_timeout=WORKERS_JOIN_TIMEOUT,
             )
         except (LaunchError, ClusterStoppingError) as e:
-            if stop_signals.received:
-                return  # the start was stopped: `_stop_unfinished_start` says so
-            self._start_unfinished = False  # failed, not stopped: `ray down` removes it
+            if stop_signals.stopping():
+                # stopped: the main thread's exit stops the cluster; this thread (Ray's
+                # updater) must not go on to tag or report it meanwhile
+                threading.Event().wait(STOP_PARK_SECONDS)
+                return
+            self._start_owned = False  # failed, not stopped: `ray down` removes it
             cli_logger.abort(str(e))
         address = watch.address
         logger.info("head %s alive at %s", node_id, address)
@@ -461,26 +476,36 @@ class SlurmNodeProvider(NodeProvider):
                     f"{len(alive)} of {total} nodes alive" if alive is not None else "the GCS did not answer"
                 )
             _say(f"{counted} (head at {address})")
-        self._start_unfinished = False
+        self._start_owned = False
+        self._started_here = True
+
+    def _own_start(self) -> None:
+        """From here this `ray up` owns the cluster's start: stopped (Ctrl-C, SIGTERM,
+        SIGHUP) before the start ends, its exit stops what it began."""
+        if not self._start_owned:
+            self._start_owned = True
+            atexit.register(self._stop_unfinished_start)
 
     def _stop_unfinished_start(self) -> None:
-        """At the exit of a `ray up` that a stop signal (Ctrl-C, SIGTERM, SIGHUP) ended
-        before the cluster it began was up: stop that cluster (steps, temp dirs, state),
-        so that nothing is left running half-started, then end by that signal. A `ray up`
-        that found the head started by another leaves it; one that failed or finished
-        leaves its cluster to `ray down`."""
-        if not (self._start_unfinished and stop_signals.received):
+        """At the exit of a `ray up` that a stop signal ended before the cluster it began was
+        up: stop that cluster (steps, temp dirs, state; an elastic head's job it submitted),
+        so that nothing is left running half-started; the process then ends by that signal
+        (``stop_signals.install``). A `ray up` that found the head another started leaves
+        it; one that failed or finished leaves its cluster to `ray down`."""
+        if not stop_signals.received:
             return
-        signum = stop_signals.received[0]
-        say = functools.partial(print, file=sys.stderr, flush=True)  # Ray's logger has ended
-        say(f"eray-provider: {signal.Signals(signum).name} during `ray up`: stopping the cluster it began")
+        name = signal.Signals(stop_signals.received[0]).name
         with stop_signals.shielded():
+            if not self._start_owned:
+                if self._started_here:
+                    _tell(f"{name} after the cluster came up: `ray down` stops it")
+                return
+            _tell(f"{name} during `ray up`: stopping the cluster it began")
             try:
                 self._stop_started()
-                say("eray-provider: stopped; nothing of it is left")
-            except (LaunchError, TimeoutError) as e:  # TimeoutError: the state's lock
-                say(f"eray-provider: error: {e}")
-        # then the process ends by that signal (``stop_signals.install``'s exit handler)
+                _tell("stopped; nothing of it is left")
+            except Exception as e:  # whatever it is, said; the next `ray down` finishes
+                _tell(f"error: {e}; `ray down` finishes the teardown")
 
     def _stop_started(self) -> None:
         """What an interrupted `ray up` stops: the cluster's steps, temp dirs and state."""
@@ -488,7 +513,9 @@ class SlurmNodeProvider(NodeProvider):
 
     def stop_all(self) -> None:
         """``ray stop`` of this cluster: its steps only, then temp dirs and state
-        (``launch.teardown``; the state stays when SLURM cannot say the steps ended)."""
+        (``launch.teardown``; the state stays when SLURM cannot say the steps ended).
+        SIGTERM and SIGHUP stop `ray down` as Ctrl-C does; the next one finishes it."""
+        stop_signals.install()
         teardown(self.state)
 
     def cleanup_cluster_resources(self) -> None:
@@ -497,6 +524,7 @@ class SlurmNodeProvider(NodeProvider):
         that have all exited, so Ray finds nothing to stop and never reaches ``stop_all``;
         it is finished here, so that the next ``ray up`` starts afresh. Nothing when the
         state is gone (the usual case: ``stop_all`` ran)."""
+        stop_signals.install()
         teardown(self.state)
 
     def terminate_node(self, node_id: str) -> None:

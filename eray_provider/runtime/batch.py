@@ -43,7 +43,7 @@ from .launch import (
     wait_joined,
 )
 from .ray_compat import RAY_VERSION_TEXT, check_version
-from .stop_signals import STOP_SIGNALS, StopSignal, shielded
+from .stop_signals import STOP_SIGNALS, StopSignal, note, shielded, watching
 
 DEFAULT_JOIN_TIMEOUT = 300.0
 
@@ -125,6 +125,15 @@ def run(
     alloc = running_allocation()
     provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
     state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
+    with watching():
+        return _run_cluster(state, alloc, provider, join_timeout, command)
+
+
+def _run_cluster(
+    state: ClusterState, alloc: Allocation, provider: dict, join_timeout: float, command: Sequence[str]
+) -> int:
+    """Start the cluster, run the command, tear down; the exit status."""
+    cluster_name = state.cluster_name
     proc: subprocess.Popen | None = None
     stopping = False
     launching = False  # the command's Popen runs: a signal now waits for its handle
@@ -133,6 +142,7 @@ def run(
     def on_signal(signum, _frame):
         nonlocal stopping
         stopping = True
+        note(signum)  # wait loops see it (``stop_signals.check``) should the raise be lost
         if proc is None and not launching:
             raise StopSignal(signum)  # the start ends here; the command never runs
         if proc is None:

@@ -39,14 +39,13 @@ def _alive(client) -> dict[str, str]:
     return {info.instance_id: info.node_manager_address for info in infos.values()}
 
 
-def wait(address: str, ids: list[str], timeout: float) -> int:
+def wait(address: str, ids: list[str], timeout: float, parent: int | None = None) -> int:
     deadline = time.monotonic() + timeout
-    parent = os.getppid()
 
     def orphaned() -> bool:
-        """The start that waits through this process ended (a `ray up` killed by a
-        signal has no `finally`): nobody reads the answer any more."""
-        return os.getppid() != parent
+        """The start that waits through this process (``parent``) ended (a `ray up` killed
+        by a signal has no `finally`): nobody reads the answer any more."""
+        return parent is not None and os.getppid() != parent
 
     host, _, port = address.rpartition(":")
     while not port_open(host, int(port), timeout=1):
@@ -83,9 +82,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("address")
     ap.add_argument("--wait", action="store_true", help="wait for the node ids on stdin")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--parent", type=int, help="end when this process (the caller) has ended")
     args = ap.parse_args(argv)
     if args.wait:
-        return wait(args.address, sys.stdin.read().split(), args.timeout)
+        return wait(args.address, sys.stdin.read().split(), args.timeout, args.parent)
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     for instance_id, ip in _alive(GcsClient(address=args.address)).items():

@@ -358,6 +358,8 @@ def wait_head_ready(
     def failed() -> str | None:
         if (proc is not None and proc.poll() is not None) or state.read_marker(node_id, "exit") is not None:
             return f"the head's Ray exited during start; {log}:\n{_tail(log)}"
+        if stop_signals.stopping():  # in another thread than the one the signal stopped
+            return "a stop signal ended the start"
         return None
 
     while (ip := state.read_marker(node_id, "ip")) is None and time.monotonic() < deadline:
@@ -395,7 +397,14 @@ class AliveWatch:
         self._deadline = time.monotonic() + limit + 30  # the watcher's own deadline, and a margin
         self._new: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._proc = subprocess.Popen(
-            python_m(sys.executable, GCS_PROBE, address, "--wait", f"--timeout={limit:.1f}"),
+            python_m(
+                sys.executable,
+                GCS_PROBE,
+                address,
+                "--wait",
+                f"--timeout={limit:.1f}",
+                f"--parent={os.getpid()}",
+            ),
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

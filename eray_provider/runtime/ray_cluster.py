@@ -108,17 +108,19 @@ def _build(
     connected), and SIGTERM or SIGHUP ends the process with 128 + the signal
     (``SystemExit``, so the caller's ``finally`` blocks run)."""
     atexit.register(_teardown, state, layout.num_processes)
-    try:
-        with stop_signals_raise():
+    with stop_signals_raise():
+        try:
             return _start(state, layout, slurm_cluster, start_workers, timeout)
-    except StopSignal as e:
-        atexit.unregister(_teardown)
-        with shielded():
-            _teardown(state, 0)  # the others see the state dir go (``_wait_ready``)
-        logger.error("%s during the step's Ray cluster start: it was stopped", e.name)
-        if e.signum == signal.SIGINT:
-            raise
-        raise SystemExit(e.exit_status) from None
+        except StopSignal as e:
+            stopped = e
+            atexit.unregister(_teardown)
+            with shielded():
+                _teardown(state, 0)
+                remove_state_dir(state.dir)  # also what a start stopped early left: the others see it go
+    logger.error("%s during the step's Ray cluster start: it was stopped", stopped.name)
+    if stopped.signum == signal.SIGINT:
+        raise stopped
+    raise SystemExit(stopped.exit_status)
 
 
 def _start(

@@ -76,7 +76,13 @@ def submit(
     argv = sbatch_argv(request, name, log, warn_s=warn_s)
     try:
         proc = subprocess.run(
-            argv, input=script, capture_output=True, text=True, timeout=timeout, env=dict(env)
+            argv,
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(env),
+            start_new_session=True,  # a Ctrl-C is ours to handle: a job SLURM accepted is kept track of
         )
     except FileNotFoundError as e:
         raise SlurmCommandError("sbatch is not installed or not on PATH") from e

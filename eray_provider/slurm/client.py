@@ -105,6 +105,8 @@ def _run_once(args: Sequence[str], timeout: float) -> str:
             timeout=timeout,
             stdin=subprocess.DEVNULL,
             env=command_env(os.environ),
+            start_new_session=True,  # the terminal's Ctrl-C is ours to handle (a teardown
+            # that ignores it must not lose its scancel to it)
         )
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e

@@ -100,6 +100,7 @@ def run_step(
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # the terminal's Ctrl-C is ours to handle, not srun's
         )
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"{what} did not end within {timeout:.0f} s") from e
