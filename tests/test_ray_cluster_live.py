@@ -46,3 +46,35 @@ def test_srun_three_tasks_get_jax_and_a_three_node_ray_cluster(testbed: Testbed,
     for node in nodes:
         assert node_tmp_entries(testbed, node, allocation) == []
     assert wait_gone(allocation, "step*", timeout=60) == []
+
+
+@pytest.mark.parametrize("order", ["jax-first", "ray-first"])
+def test_the_seed_api_in_either_order_without_gpus_starts_no_private_ray(
+    testbed: Testbed, order: str
+) -> None:
+    """Without GPUs (no ``CUDA_VISIBLE_DEVICES``) the JAX helper must not ask Ray, which would
+    start a private one-node Ray in every task (ports outside the plan, ``~/.ray/auth_token``,
+    ``/tmp/ray``) and leave the job's cluster idle: either order gives the one cluster."""
+    job = testbed.salloc("-N3", "-c2", "--mem=1500", "-J", "eray-seed-nogpu")
+    token = Path.home() / ".ray" / "auth_token"
+    before = token.stat().st_mtime if token.exists() else None
+    try:
+        env = dict(testbed.env, JAX_PLATFORMS="cpu", ERAY_TEST_ORDER=order)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        proc = testbed.run(
+            ["srun", f"--jobid={job}", "--overlap", "-N3", "-n3", "--ntasks-per-node=1",
+             sys.executable, "tests/drivers/auto_cluster.py"],
+            env=env, timeout=420, check=False, cwd=str(REPO),
+        )  # fmt: skip
+        out = proc.stdout
+        assert proc.returncode == 0, (out + proc.stderr)[-4000:]
+        nodes = ["node1", "node2", "node3"]
+        procs = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("PROC "))
+        assert procs == [[str(i), "3", f"node{i + 1}", *nodes] for i in range(3)], out[-3000:]
+        assert [line.split()[1:] for line in out.splitlines() if line.startswith("TASKS ")] == [nodes]
+        after = token.stat().st_mtime if token.exists() else None
+        assert after == before, "a private Ray wrote ~/.ray/auth_token"
+        for node in nodes:
+            assert testbed.on_node(node, "test -e /tmp/ray && echo yes || echo no").stdout.strip() == "no"
+    finally:
+        testbed.cancel(job)

@@ -1,6 +1,7 @@
 """Driver for the seed-API test: run in every task of ``srun -N3``.
 
-JAX first (``DistributedConfig``), then ``auto_ray_cluster``; every process prints its
+JAX first (``DistributedConfig``), then ``auto_ray_cluster`` (the other way round with
+``ERAY_TEST_ORDER=ray-first``); every process prints its
 view, the first also runs one task pinned to each SLURM node and a JAX allgather.
 """
 
@@ -11,8 +12,12 @@ import time
 
 from eray_provider import DistributedConfig, auto_ray_cluster
 
-DistributedConfig(initialization_timeout=120).initialize()
-auto_ray_cluster(timeout=240)
+if os.environ.get("ERAY_TEST_ORDER") == "ray-first":  # the seed API's calls, the other way round
+    auto_ray_cluster(timeout=240)
+    DistributedConfig(initialization_timeout=120).initialize()
+else:
+    DistributedConfig(initialization_timeout=120).initialize()
+    auto_ray_cluster(timeout=240)
 GATE = os.environ.get("ERAY_TEST_GATE")
 if GATE:  # the security test's spies start once the cluster is up, then open the gate
     print("READY", flush=True)
