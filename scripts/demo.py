@@ -40,26 +40,44 @@ def run(argv: list[str], env: dict[str, str], quiet: bool = False, timeout: floa
     return out
 
 
-def main() -> int:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    started = subprocess.run([str(TESTBED), "status"], capture_output=True).returncode != 0
-    t0 = time.monotonic()
-    if started:
-        step("the SLURM test bed: 3 nodes, each in its own network namespace")
-        # the checkout (its .venv) must be seen by the nodes, as on a shared file system,
-        # also where it lies under /tmp, which each node has a private one of
-        run([str(TESTBED), "up", "--share", str(REPO)], env)
+def bed_running() -> bool:
+    return subprocess.run([str(TESTBED), "status"], capture_output=True, timeout=60).returncode == 0
+
+
+def check_bed_sees_checkout() -> None:
+    """A running test bed whose nodes cannot see this checkout (it was brought up for
+    another one, and each node has a private /tmp) stops the demo at once, in one line,
+    before anything is built."""
+    if not bed_running():
+        return
     seen = subprocess.run(
-        [str(TESTBED), "exec", "node1", "test", "-x", sys.executable], capture_output=True, timeout=60
+        [str(TESTBED), "exec", "node1", "test", "-d", str(REPO)], capture_output=True, timeout=60
     )
     if seen.returncode != 0:
         raise SystemExit(
             f"demo: the running test bed's nodes do not see {REPO} (each node has a private /tmp): "
             f"run `scripts/slurm-testbed down`, then `make demo` again"
         )
-    env.update(line.split(" ", 1)[1].split("=", 1) for line in
-               subprocess.run([str(TESTBED), "env"], capture_output=True, text=True).stdout.split("\n")
-               if line.startswith("export "))
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--check"]:
+        check_bed_sees_checkout()
+        return 0
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    started = not bed_running()
+    t0 = time.monotonic()
+    if started:
+        step("the SLURM test bed: 3 nodes, each in its own network namespace")
+        # the checkout (its .venv) must be seen by the nodes, as on a shared file system,
+        # also where it lies under /tmp, which each node has a private one of
+        run([str(TESTBED), "up", "--share", str(REPO)], env)
+    check_bed_sees_checkout()
+    env.update(
+        line.split(" ", 1)[1].split("=", 1)
+        for line in subprocess.run([str(TESTBED), "env"], capture_output=True, text=True).stdout.split("\n")
+        if line.startswith("export ")
+    )
     job = None
     try:
         step("1. an allocation of 3 nodes (2 CPUs, 2 GPUs, 3000 MB each)")
@@ -77,8 +95,13 @@ def main() -> int:
         )
         deadline = time.monotonic() + 180
         while True:
-            out = subprocess.run(["ray", "exec", str(CONFIG), f"python -c {shlex.quote(code)}"],
-                                 env=env, capture_output=True, text=True, timeout=120).stdout
+            out = subprocess.run(
+                ["ray", "exec", str(CONFIG), f"python -c {shlex.quote(code)}"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            ).stdout
             alive = next((json.loads(line[6:]) for line in out.splitlines() if line.startswith("ALIVE ")), [])
             if len(alive) == 3 or time.monotonic() > deadline:
                 break
