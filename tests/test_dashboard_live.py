@@ -161,6 +161,21 @@ def test_dashboard_in_a_browser_through_srun_and_direct(testbed: Testbed, tmp_pa
             try:
                 relay = [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard.")]
                 assert len(relay) == (1 if via == "srun" else 0), _steps(testbed, job)
+                if via == "srun":
+                    # a second forward of the same cluster at once: its own port, step and
+                    # session; ending it ends only its own step
+                    other = Forwarding(cluster, via)
+                    other_link = other.link()
+                    other_base = other_link.split("/eray-provider/")[0]
+                    try:
+                        assert other_base != base
+                        cookie2 = _login_cookie(other_link)
+                        assert _status(f"{other_base}/nodes?view=summary", cookie2) == 200
+                        both = [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard.")]
+                        assert len(both) == 2 and relay[0] in both, both
+                    finally:
+                        other.interrupt()
+                    assert [s for s in _steps(testbed, job) if s.startswith("eray.dash.dashboard.")] == relay
 
                 # no token, or a wrong link: the dashboard refuses, as it would anyone
                 for url in (f"{base}/nodes?view=summary", f"{base}/eray-provider/login/wrong"):
