@@ -9,19 +9,19 @@ out="$(dirname "$0")/slurm-$version"
 mkdir -p "$out"
 
 # A job's environment as salloc gives it, and scontrol's record of the job (-d, multi-line)
-salloc_forms() {  # name, salloc arguments...
-    local name=$1
-    shift
+salloc_forms() {  # name, srun's arguments for one task, salloc's arguments...
+    local name=$1 step=$2
+    shift 2
     salloc -J interactive "$@" bash -c '
-        env | grep -E "^SLURM_" | grep -vE "^SLURM_(CONF|SUBMIT_HOST|SUBMIT_DIR)=" | sort
+        env | grep -E "^SLURMD?_" | grep -vE "^SLURM_(CONF|SUBMIT_HOST|SUBMIT_DIR)=" | sort
         scontrol show job -d "$SLURM_JOB_ID" > "$0.scontrol"
         scontrol -o show job "$SLURM_JOB_ID" > "$0.scontrol-o"
-        srun -N1 -n1 -w "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)" bash -c "env | grep -E \"^SLURM_\" | grep -vE \"^SLURM_(CONF|SUBMIT_HOST|SUBMIT_DIR)=\" | sort" > "$0.step.env"
-    ' "$out/$name" > "$out/$name.salloc.env"
+        srun $1 bash -c "env | grep -E \"^SLURMD?_\" | grep -vE \"^SLURM_(CONF|SUBMIT_HOST|SUBMIT_DIR)=\" | sort" > "$0.step.env"
+    ' "$out/$name" "$step" > "$out/$name.salloc.env"
 }
 
-salloc_forms typed -N3 -c3 --gpus-per-node=testgpu:1 --mem=1500 --time=30:00
-salloc_forms het -N2 -c2 --mem-per-cpu=500 : -N1 -c1 --gpus-per-node=2 --mem=700
+salloc_forms typed "-N1 -n1" -N3 -c3 --gpus-per-node=testgpu:1 --mem=1500 --time=30:00
+salloc_forms het "--het-group=0 -N1 -n1" -N2 -c2 --mem-per-cpu=500 : -N1 -c1 --gpus-per-node=2 --mem=700
 
 # squeue in the form the elastic provider reads (plan/sbatch.py SQUEUE_FORMAT), a running and a pending job
 running=$(sbatch --parsable -J eray.forms.head -c1 --mem=100 -o /dev/null --time=10:00 --wrap "sleep 300")
