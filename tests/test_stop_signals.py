@@ -57,10 +57,12 @@ def test_only_the_first_signal_raises_and_a_lost_one_is_raised_again_by_check() 
 
 
 def test_shielded_notes_the_signal_and_goes_on() -> None:
-    with stop_signals_raise(), shielded():
-        _deliver(signal.SIGTERM)
-        went_on = True
-    assert went_on and stop_signals.received == [signal.SIGTERM]
+    with stop_signals_raise():
+        with shielded():
+            _deliver(signal.SIGTERM)
+            went_on = True
+        assert went_on and stop_signals.received == [signal.SIGTERM]
+    assert stop_signals.received == []  # a scope's signals stay in it
 
 
 def test_install_leaves_a_handler_someone_else_set() -> None:
@@ -71,18 +73,24 @@ def test_install_leaves_a_handler_someone_else_set() -> None:
     taken = stop_signals.install()
     assert signal.SIGTERM not in taken and signal.getsignal(signal.SIGTERM) is mine
     assert set(taken) == {signal.SIGINT, signal.SIGHUP}
+    with pytest.raises(StopSignal):
+        _deliver(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is mine  # still, after a stop signal came
 
 
 _CHILD = """
 import sys
 from eray_provider.runtime import stop_signals
 from eray_provider.runtime.stop_signals import StopSignal, stop_signals_raise
-if sys.argv[1] == "install":
-    stop_signals.install()
 try:
-    with stop_signals_raise():
+    if sys.argv[1] == "install":
+        stop_signals.install()
         print("ready", flush=True)
         sys.stdin.read()
+    else:
+        with stop_signals_raise():
+            print("ready", flush=True)
+            sys.stdin.read()
 except StopSignal:
     print("caught", flush=True)
 """

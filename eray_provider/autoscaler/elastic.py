@@ -508,9 +508,11 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _stop_started(self) -> None:
         """An interrupted `ray up` that submitted the head's job stops the steps it began
         in it, then cancels it."""
-        if self.state.exists():
-            SlurmNodeProvider._stop_started(self)
-        cancel_jobs([self.job_id])
+        try:
+            if self.state.exists():
+                SlurmNodeProvider._stop_started(self)
+        finally:
+            cancel_jobs([self.job_id])
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""

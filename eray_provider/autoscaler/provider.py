@@ -72,8 +72,10 @@ STEP_CACHE_SECONDS = 5.0
 UNKNOWN: dict[str, str] = {}
 #: Seconds the srun that signals one node's process may take.
 SIGNAL_TIMEOUT = 60.0
-#: How long Ray's updater thread is held once `ray up` is stopped (the process ends first).
-STOP_PARK_SECONDS = 600.0
+#: How long Ray's updater thread is held once `ray up` is stopped: the main thread's exit
+#: stops the cluster meanwhile; should the main thread have lost the signal (it waits on this
+#: thread), it goes on after this and meets the stop in its next provider call.
+STOP_PARK_SECONDS = 30.0
 #: How long ``ray up`` waits for the workers launched with the head to join.
 WORKERS_JOIN_TIMEOUT = 300.0
 #: How long a node also answers to the tags a racing create_node asked for.
@@ -467,7 +469,8 @@ class SlurmNodeProvider(NodeProvider):
                 return
             total = len(workers) + 1
             try:
-                wait_joined(self.state, watch, workers, WORKERS_JOIN_TIMEOUT, say=_say, already=1)
+                stopped = stop_signals.stopping
+                wait_joined(self.state, watch, workers, WORKERS_JOIN_TIMEOUT, stopped, say=_say, already=1)
                 counted = f"{total} of {total} nodes alive"
             except (LaunchError, TimeoutError) as e:
                 cli_logger.warning(f"{e}; the head's autoscaler replaces workers that end")

@@ -115,8 +115,11 @@ def _build(
             stopped = e
             atexit.unregister(_teardown)
             with shielded():
-                _teardown(state, 0)
-                remove_state_dir(state.dir)  # also what a start stopped early left: the others see it go
+                try:
+                    teardown(state)
+                    remove_state_dir(state.dir)  # also what a start stopped early left: the others see it go
+                except TeardownError as e:  # the state is how a later teardown finds the steps
+                    logger.error("%s", e)
     logger.error("%s during the step's Ray cluster start: it was stopped", stopped.name)
     if stopped.signum == signal.SIGINT:
         raise stopped

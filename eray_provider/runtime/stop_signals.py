@@ -15,8 +15,10 @@ and SIGTERM and SIGHUP would end the process with no ``finally`` run.
   ignores (a weakref callback, a ``__del__``); seen on the test bed, where an interrupted
   `ray up` then waited on as if nothing had happened.
 - :func:`shielded` ignores (notes) them while a command stops what it began.
-- After :func:`install`, the process ends by the first stop signal it received, after its
-  other exit handlers (:func:`exit_by`: the shell sees 128 + the signal).
+- After :func:`install`, the process ends by the first stop signal it received, after the
+  exit handlers registered once this module was imported (which stop what the command
+  began); earlier ones (Ray's ``shutdown``, ``logging``'s) are skipped (:func:`exit_by`:
+  the shell sees 128 + the signal).
 """
 
 from __future__ import annotations
@@ -69,10 +71,12 @@ def _noted(signum: int, _frame: FrameType | None) -> None:
 
 
 def raise_stop(signum: int, _frame: FrameType | None) -> None:
-    """The handler: note the signal, make the next ones only noted, raise."""
+    """The handler: note the signal, make the next ones only noted (those this module
+    raises on: a handler someone else installed stays), raise."""
     received.append(signum)
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _noted)
+        if signal.getsignal(sig) is raise_stop:
+            signal.signal(sig, _noted)
     raise StopSignal(signum)
 
 
@@ -119,7 +123,9 @@ def install() -> list[int]:
 
 @contextmanager
 def watching() -> Iterator[None]:
-    """A scope whose stop signals a handler of its own reports with :func:`note`."""
+    """A scope whose stop signals a handler of its own reports with :func:`note`; what it
+    received stays in it (an enclosing :func:`install` sees only its own)."""
+    outer = list(received)
     received.clear()
     was = _scope.open
     _scope.open = True
@@ -127,6 +133,7 @@ def watching() -> Iterator[None]:
         yield
     finally:
         _scope.open = was
+        received[:] = outer
 
 
 @contextmanager
