@@ -198,6 +198,7 @@ def test_elastic_ray_up_interrupted_while_its_head_job_waits(testbed: Testbed, t
         out, _ = up.communicate(timeout=120)
         assert up.returncode != 0, out[-3000:]
         cluster.wait_jobs(lambda j: not j, timeout=60, what="the head's job cancelled")
+        assert not list((Path.home() / ".eray-provider").glob("elint-head-*.log"))  # nor its log
 
         # two `ray up`: the second finds the first's job, is interrupted, and leaves it
         first = _ray_up(cluster)

@@ -455,6 +455,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             if ours and job is not None:
                 with stop_signals.shielded():  # a second Ctrl-C must not cut this
                     cancel_jobs([job])  # never leave a head job nobody tracks
+                    self._head_log(job).unlink(missing_ok=True)
             elif job is not None:
                 cli_logger.print(f"The head's SLURM job {job} was submitted by another `ray up`: left to it")
             raise
@@ -513,6 +514,7 @@ class SlurmJobProvider(SlurmNodeProvider):
                 SlurmNodeProvider._stop_started(self)
         finally:
             cancel_jobs([self.job_id])
+            self._head_log(self.job_id).unlink(missing_ok=True)
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
