@@ -125,6 +125,23 @@ def _start(cmd: list[str], env, **kw) -> subprocess.Popen:
     )
 
 
+def _read_until(proc: subprocess.Popen, text: str, timeout: float = 120) -> list[str]:
+    """The lines ``proc`` prints up to the first holding ``text`` (an event of its flow);
+    fails when it ends first or ``timeout`` passes."""
+    seen: list[str] = []
+    assert proc.stdout is not None
+    watchdog = threading.Timer(timeout, proc.kill)  # the read below must not wait for ever
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if text in line:
+                return seen
+    finally:
+        watchdog.cancel()
+    raise AssertionError(f"never saw {text!r}: {''.join(seen[-20:])}")
+
+
 def _ray_up(cluster: Cluster) -> subprocess.Popen:
     return _start(["ray", "up", "-y", str(cluster.config)], cluster.env)
 
@@ -163,9 +180,7 @@ def test_an_interrupted_ray_up_stops_what_it_began_and_doubled_commands_leave_on
         first = _ray_up(cluster)
         wait_until("the first's head", lambda: bool(steps("head")), first, timeout=120)
         second = _ray_up(cluster)
-        wait_until("the second's look at the head", lambda: bool(steps("head")) and second.poll() is None,
-                   second, timeout=60)  # fmt: skip
-        time.sleep(2)  # the second is past Ray's start-up and in its own flow (any point will do)
+        _read_until(second, "eray-provider: ")  # the second waits on the first's head
         second.send_signal(signal.SIGINT)
         out2, _ = second.communicate(timeout=300)
         assert "stopping the cluster it began" not in out2, out2[-3000:]
@@ -206,17 +221,7 @@ def test_elastic_ray_up_interrupted_while_its_head_job_waits(testbed: Testbed, t
         wait_until("the head's job", lambda: bool(cluster.jobs()), first, timeout=120)
         second = _ray_up(cluster)
         started.append(second)
-        seen: list[str] = []
-        assert second.stdout is not None
-        watchdog = threading.Timer(120, second.kill)  # the read below must not wait for ever
-        watchdog.start()
-        try:
-            for line in second.stdout:
-                seen.append(line)
-                if "Using the head's SLURM job" in line:
-                    break
-        finally:
-            watchdog.cancel()
+        seen = _read_until(second, "Using the head's SLURM job")
         assert any("PENDING" in line for line in seen[-1:]), seen[-20:]
         second.send_signal(signal.SIGINT)
         out2, _ = second.communicate(timeout=120)

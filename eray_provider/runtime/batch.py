@@ -181,7 +181,7 @@ def _run_cluster(
         _log(f"command exited {code}")
     except StopSignal as e:
         _log(f"{e.name} during the cluster's start: the command was not run")
-        code = 128 + e.signum
+        code = e.exit_status
     except ConfigError as e:
         _log(f"error: {e}")
         code = 2
