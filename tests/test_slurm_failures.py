@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import shlex
 import stat
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -260,3 +263,55 @@ def test_a_job_that_ended_is_a_cluster_error_not_bad_input(bindir, capsys) -> No
     assert cli.main(["inspect", "--job-id", "4242"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("eray-provider: error: ") and "4242" in err and "Traceback" not in err
+
+
+def test_a_lock_waiter_that_outlives_the_teardown_leaves_nothing(tmp_path: Path) -> None:
+    """Two `ray down` at once: the second waits on the cluster's lock while the first
+    removes the state. Its lock file, made again when it retries, must not stay behind."""
+    state = ClusterState("c", "77", base=tmp_path)
+    state.create()
+    waiter = textwrap.dedent(
+        f"""
+        import fcntl
+        from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
+        flock = fcntl.flock
+        def told(fd, op):  # says when its first try finds the lock held
+            try:
+                return flock(fd, op)
+            except OSError:
+                if not told.said:
+                    told.said = True
+                    print("waiting", flush=True)
+                raise
+        told.said = False
+        fcntl.flock = told
+        state = ClusterState("c", "77", base={str(tmp_path)!r})
+        try:
+            with state.lock(timeout=30):
+                print("held", flush=True)
+        except ClusterStoppingError as e:
+            print("gone", e, flush=True)
+        """
+    )
+    with state.lock():
+        proc = subprocess.Popen([sys.executable, "-c", waiter], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+        state.remove()
+    out, _ = proc.communicate(timeout=60)
+    assert out.startswith("gone") and "has been torn down" in out, out
+    assert not state.dir.exists(), sorted(p.name for p in state.dir.iterdir())
+
+
+def test_a_lock_taken_just_as_the_state_goes_removes_the_dir_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order of the same race: the state is there when ``lock()`` looks, gone
+    when it holds the lock; the dir and lock file it made for that are removed again."""
+    state = ClusterState("c", "77", base=tmp_path)
+    state.create()
+    state.remove()
+    seen = iter([True, False])
+    monkeypatch.setattr(state, "exists", lambda: next(seen))
+    with pytest.raises(ClusterStoppingError, match="has been torn down"), state.lock():
+        pass
+    assert not state.dir.exists()

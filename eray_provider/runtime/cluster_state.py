@@ -146,11 +146,33 @@ class ClusterState:
             ensure_private_dir(self.base)
             ensure_private_dir(self.dir)
             self._lock = FileLock(str(self.dir / ".lock"))
-        with self._lock.acquire(timeout=timeout):
+        try:
+            held = self._lock.acquire(timeout=timeout)
+        except FileNotFoundError:  # the dir was removed while we waited
+            if creating:
+                raise
+            self._lock = None
+            raise self._gone() from None
+        with held:
             self._cache = None
             if not creating and not self.exists():
+                self._drop_recreated_lock()
                 raise self._gone()
             yield
+
+    def _drop_recreated_lock(self) -> None:
+        """Remove the dir a waiter's lock file brought back. A process that waited on the
+        lock while another removed the state (two `ray down` at once) re-creates the dir
+        and its ``.lock`` when it retries (filelock makes the lock file's parents): left,
+        they would make a torn-down cluster look half there (a waiter that retries after
+        the dir is gone gets ``FileNotFoundError`` instead). Called holding the lock."""
+        try:
+            if [entry.name for entry in self.dir.iterdir()] == [".lock"]:
+                (self.dir / ".lock").unlink()
+                self.dir.rmdir()
+        except OSError:
+            pass  # another process put something there meanwhile: it is theirs
+        self._lock = None
 
     def _gone(self, what: str = "written") -> ClusterStoppingError:
         return ClusterStoppingError(
