@@ -167,6 +167,24 @@ def test_a_hook_reservation_is_stale_only_when_old_and_its_coordinator_is_gone()
     assert not ejax._holder_stale("something else entirely here", live, now=now)
 
 
+def test_a_publication_of_a_killed_rank_0_is_known_by_node_pid_and_time() -> None:
+    published = ejax.Publication("10.0.0.3:21008", "n3", 4242, "05000000", 1_000_000)
+    assert ejax.Publication.parse(published.text()) == published
+    # an address alone (nothing says who published it): only its answer decides
+    assert ejax.Publication.parse("10.0.0.3:21008\n") == ejax.Publication("10.0.0.3:21008")
+
+    def dead(node: str, pid: int, end: int) -> dict:
+        return {"Address": {"NodeID": node}, "Pid": pid, "EndTime": end}
+
+    assert published.killed([dead("n1", 7, 2_000_000), dead("n3", 4242, 1_000_500)])
+    assert published.killed([dead("n3", 4242, 999_500)])  # a node clock 0.5 s ahead of the GCS
+    assert not published.killed([dead("n2", 4242, 2_000_000)])  # the same pid on another node
+    assert not published.killed([dead("n3", 4243, 2_000_000)])
+    # the pid given again: the actor that had it ended long before this one published
+    assert not published.killed([dead("n3", 4242, 900_000)])
+    assert not ejax.Publication("10.0.0.3:21008").killed([dead("", 0, 2_000_000)])
+
+
 def test_the_hook_under_its_old_path_is_never_chained_to_itself(monkeypatch) -> None:
     """A runtime env of a cluster started before the package had floors names the hook as
     eray_provider.jax_hook.setup_worker: it is the provider's own, not a user's hook (chained,

@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,31 +370,96 @@ def default_group() -> str:
 
 def rendezvous(rank: int, group: str, timeout: float) -> str:
     """The coordinator address of ``group``. Rank 0: its own node's address at a JAX port
-    reserved for the group (``reserve_group_port``), published in the GCS. Other ranks:
-    the published address once its coordinator accepts connections, so that an address an
-    earlier group of the same name left behind (its ranks killed, nothing withdrew it) is
-    never taken; ``GroupError`` after ``timeout`` seconds."""
+    reserved for the group (``reserve_group_port``), published in the GCS with who it is
+    (``Publication``). Other ranks: the published address once its coordinator accepts
+    connections and its publisher is not a killed actor, so that an address an earlier
+    group of the same name left behind (its ranks killed, nothing withdrew it) is never
+    taken; ``GroupError`` after ``timeout`` seconds."""
+    import ray
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
     key = _KV_RENDEZVOUS.format(group=group)
     if rank == 0:
-        import ray
-
         ip = ray.util.get_node_ip_address()
-        address = f"{ip}:{reserve_group_port(group, ip)}"
-        _internal_kv_put(key, address, overwrite=True)
-        return address
+        context = ray.get_runtime_context()
+        mine = Publication(
+            f"{ip}:{reserve_group_port(group, ip)}",
+            context.get_node_id(),
+            os.getpid(),
+            context.get_job_id(),
+            int(time.time() * 1000),
+        )
+        _internal_kv_put(key, mine.text(), overwrite=True)
+        return mine.address
     deadline = time.monotonic() + timeout
     last = None
     while True:
         value = _internal_kv_get(key)
-        last = value.decode() if value is not None else None
-        if last is not None and not _coordinator_gone(last):
-            return last
+        last = Publication.parse(value.decode()) if value is not None else None
+        if last is not None and last.usable():
+            return last.address
         if time.monotonic() > deadline:
-            said = f" (the address published, {last}, does not answer)" if last else ""
+            said = f" (the address published, {last.address}, is not a live rank 0's)" if last else ""
             raise GroupError(f"rank 0 of group {group!r} never published its address{said}", rank)
         time.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What rank 0 of a group publishes: its coordinator's address, and its node, pid, job
+    and the time (ms) it published, by which the other ranks know a killed rank 0.
+
+    ``ray.kill`` marks an actor DEAD in the GCS before it returns, but the process, and the
+    coordination service in it, may live on for a moment; a rank that joins that service
+    dies with it (JAX aborts the client). A group started right after the kill of the one
+    before it, under the same name, would meet exactly that."""
+
+    address: str
+    node_id: str = ""
+    pid: int = 0
+    job: str = ""
+    ms: int = 0
+
+    def text(self) -> str:
+        return f"{self.address} {self.node_id} {self.pid} {self.job} {self.ms}"
+
+    @classmethod
+    def parse(cls, text: str) -> Publication:
+        fields = text.split()
+        if len(fields) == 5 and fields[2].isdigit() and fields[4].isdigit():
+            return cls(fields[0], fields[1], int(fields[2]), fields[3], int(fields[4]))
+        return cls(text.strip())  # an address alone: who published it is unknown
+
+    def usable(self) -> bool:
+        """Its coordinator accepts connections and its publisher is no killed actor."""
+        return not _coordinator_gone(self.address) and not self.killed(_dead_actors(self.job))
+
+    def killed(self, dead: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether one of ``dead`` (the GCS's DEAD actors of the publisher's job) is the
+        publisher: same node and pid, ended after it published. The time tells a pid the
+        node gave again to a later process from the publisher (a second of clock skew
+        between the node and the GCS allowed)."""
+        return bool(self.node_id) and any(
+            actor.get("Address", {}).get("NodeID") == self.node_id
+            and actor.get("Pid") == self.pid
+            and actor.get("EndTime", 0) >= self.ms - 1000
+            for actor in dead
+        )
+
+
+def _dead_actors(job: str) -> list[Mapping[str, Any]]:
+    """The GCS's DEAD actors of ``job`` (hex); none when it is unknown or the GCS cannot
+    say (then only the coordinator's answer decides, as before Ray tells)."""
+    if not job:
+        return []
+    try:
+        import ray
+        from ray._private import state
+
+        return list(state.actors(job_id=ray.JobID.from_hex(job), actor_state_name="DEAD").values())
+    except Exception as e:  # a Ray without this private table: the answer alone decides
+        logger.debug("no DEAD actors from the GCS: %s", e)
+        return []
 
 
 def initialize_from_env() -> bool:
