@@ -70,6 +70,15 @@ def test_refused_request_fails_ray_up_with_slurms_reason(testbed, tmp_path) -> N
     assert "available_node_types.cpu" in out and "Invalid partition name" in out, out[-2000:]
     assert cluster.jobs() == {}
 
+    # a misspelt key is refused, named, with the valid ones and their defaults: nothing starts
+    typo = ElasticCluster(testbed, tmp_path, "eltypo", provider={"drain_before_end_secs": 60})
+    proc = typo.ray("up", "-y", str(typo.config), check=False, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "provider.drain_before_end_secs is not a setting of eray-provider" in out, out[-2000:]
+    assert "drain_before_end_s (default 300)" in out and "end_stagger_s (default 60)" in out, out[-2000:]
+    assert typo.jobs() == {}
+
 
 @pytest.mark.smoke
 def test_elastic_cluster_scales_with_load_and_down_cancels_everything(testbed, tmp_path) -> None:

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from eray_provider.plan.cluster_config import ClusterConfigError
 from eray_provider.plan.elastic_config import fill_elastic_config, head_mode
 from eray_provider.plan.node_spec import memory_split
+from eray_provider.plan.provider_config import ClusterConfigError, ProviderConfig
 from eray_provider.plan.sbatch import (
     SbatchRequest,
     SbatchRequestError,
@@ -175,14 +175,18 @@ def test_elastic_config_errors() -> None:
     bad["head_node_type"] = "boss"
     with pytest.raises(ClusterConfigError, match="head_node_type 'boss'"):
         fill_elastic_config(bad, None)
+
+    def mode(provider: dict, in_allocation: bool) -> str:
+        return head_mode(ProviderConfig.from_dict(provider, elastic=True), in_allocation)
+
     with pytest.raises(ClusterConfigError, match=r"provider\.head must be one of"):
-        head_mode({"head": "login"}, False)
-    assert head_mode({}, False) == "job" and head_mode({}, True) == "allocation"
-    assert head_mode({"job_id": 5}, False) == "allocation" and head_mode({"head": "job"}, True) == "job"
+        mode({"head": "login"}, False)
+    assert mode({}, False) == "job" and mode({}, True) == "allocation"
+    assert mode({"job_id": 5}, False) == "allocation" and mode({"head": "job"}, True) == "job"
     with pytest.raises(ClusterConfigError, match="not inside a SLURM allocation"):
-        head_mode({"head": "allocation"}, False)
-    with pytest.raises(ClusterConfigError, match=r"contradicts provider\.job_id: 5"):
-        head_mode({"head": "job", "job_id": 5}, False)
+        mode({"head": "allocation"}, False)
+    with pytest.raises(ClusterConfigError, match=r"contradicts provider\.job_id: '5'"):
+        mode({"head": "job", "job_id": 5}, False)
     # a type without max_workers may use the whole cluster's
     loose = copy.deepcopy(YAML)
     del loose["available_node_types"]["cpu"]["max_workers"]

@@ -23,6 +23,7 @@ from testbed_support import wait_until
 from eray_provider.plan.environment import NodeLaunch
 from eray_provider.plan.modules import NODE_RUN, python_m
 from eray_provider.plan.ports import plan_for_block
+from eray_provider.plan.provider_config import FILLED
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.launch import encode_node_ids
 from eray_provider.slurm.allocation import Allocation, NodeShare
@@ -41,6 +42,7 @@ def _cluster(tmp_path: Path, setup: list[str]) -> ClusterState:
     state.save_cluster_config(
         {
             "provider": {
+                FILLED: True,  # as the provider saves it
                 "allocation": alloc.to_dict(),
                 "worker_setup_commands": setup,
                 "temp_base": str(tmp_path),

@@ -10,9 +10,10 @@ import pytest
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from eray_provider.autoscaler.command_runner import _exports, _remote_path, split_ray_stop
-from eray_provider.plan.cluster_config import LAUNCH_HEAD, ClusterConfigError, fill_config, gone_config
+from eray_provider.plan.cluster_config import LAUNCH_HEAD, fill_config, gone_config
 from eray_provider.plan.node_spec import HEAD_TYPE, StartSpec, memory_split, worker_types
 from eray_provider.plan.ports import choose_plan
+from eray_provider.plan.provider_config import ClusterConfigError
 from eray_provider.slurm.allocation import Allocation, NodeShare
 from eray_provider.slurm.srun import clean_env, srun_argv
 

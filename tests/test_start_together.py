@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eray_provider.plan.modules import GCS_PROBE
+from eray_provider.plan.provider_config import ProviderConfig
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
 from eray_provider.runtime.launch import AliveWatch, LaunchError
 from eray_provider.runtime.node_run import NodeRunError, wait_for_head
@@ -210,10 +211,14 @@ def test_a_node_knows_who_it_is_and_what_its_ray_gets() -> None:
     )
     nested = ray_environment({**step, "ERAY_USER_TMPDIR": ""}, ClusterEnv("/t", "/h"), "/tmp/y", "n.1", 10)
     assert nested["ERAY_USER_TMPDIR"] == ""  # launched from inside a node: the user had none
-    assert head_environment({}).keys() == {"RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S"}
-    assert (
-        head_environment({"elastic": True, "autoscaler_interval_s": 1})["AUTOSCALER_UPDATE_INTERVAL_S"] == "1"
-    )
+    assert head_environment(ProviderConfig()) == {
+        "RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S": "3600"
+    }
+    elastic = ProviderConfig.from_dict({"autoscaler_interval_s": 2, "pending_timeout_s": 60}, elastic=True)
+    assert head_environment(elastic) == {
+        "RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S": "60",
+        "AUTOSCALER_UPDATE_INTERVAL_S": "2",
+    }
 
 
 def test_a_node_record_round_trips_and_refuses_what_it_does_not_know() -> None:

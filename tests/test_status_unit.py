@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from eray_provider.cli import main
-from eray_provider.plan.cluster_config import DEFAULT_CAP_MB, ClusterConfigError, common_provider_keys
 from eray_provider.plan.cluster_status import down_status, summarize
 from eray_provider.plan.ports import choose_plan
+from eray_provider.plan.provider_config import DEFAULT_CAP_MB, ClusterConfigError, ProviderConfig
 from eray_provider.plan.sbatch import JobInfo
 from eray_provider.runtime.cluster_logs import find_cluster, node_logs, pick
 from eray_provider.runtime.cluster_state import ClusterState
@@ -419,9 +419,9 @@ def test_select_picks_components_by_file_name() -> None:
 @pytest.mark.parametrize("bad", [-1, "50", True, 10**6])
 def test_collect_logs_mb_is_checked(bad) -> None:
     with pytest.raises(ClusterConfigError, match=rf"provider.collect_logs_mb .* got {bad!r}"):
-        common_provider_keys({"collect_logs_mb": bad}, None)
-    assert common_provider_keys({}, None)["collect_logs_mb"] == DEFAULT_CAP_MB
-    assert common_provider_keys({"collect_logs_mb": 0}, None)["collect_logs_mb"] == 0
+        ProviderConfig.from_dict({"collect_logs_mb": bad})
+    assert ProviderConfig.from_dict({}).collect_logs_mb == DEFAULT_CAP_MB
+    assert ProviderConfig.from_dict({"collect_logs_mb": 0}).collect_logs_mb == 0
 
 
 def test_an_unreadable_state_dir_is_shown_and_kept(tmp_path: Path, bindir: Path, capsys) -> None:

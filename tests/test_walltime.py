@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eray_provider.plan.cluster_config import ClusterConfigError, common_provider_keys
 from eray_provider.plan.elastic_config import fill_elastic_config
 from eray_provider.plan.node_spec import ray_labels
+from eray_provider.plan.provider_config import ClusterConfigError, ProviderConfig
 from eray_provider.plan.sbatch import JobInfo, SbatchRequest
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.end_watch import Pairs, gcs_needed
@@ -106,11 +106,11 @@ def test_the_end_is_a_label_and_the_warning_a_signal() -> None:
 
 
 def test_drain_lead_is_checked() -> None:
-    assert common_provider_keys({}, None)["drain_before_end_s"] == 300
-    assert common_provider_keys({"drain_before_end_s": 0}, None)["drain_before_end_s"] == 0
+    assert ProviderConfig.from_dict({}).drain_before_end_s == 300
+    assert ProviderConfig.from_dict({"drain_before_end_s": 0}).drain_before_end_s == 0
     for bad in (-1, "60", True, 10**7):
         with pytest.raises(ClusterConfigError, match=f"provider.drain_before_end_s .* got {bad!r}"):
-            common_provider_keys({"drain_before_end_s": bad}, None)
+            ProviderConfig.from_dict({"drain_before_end_s": bad})
 
 
 def test_replacements_are_staggered_within_a_type() -> None:
@@ -205,12 +205,12 @@ def test_a_replaced_node_is_drained_once_its_replacement_joined() -> None:
 
 
 def test_replace_keys_are_checked() -> None:
-    from eray_provider.plan.cluster_config import lead_seconds
-
-    assert lead_seconds({}, "replace_before_end_s", 600, "x") == 600
+    assert ProviderConfig.from_dict({}, elastic=True).replace_before_end_s == 600
     for bad in (-1, "60", True, 8 * 86400):
-        with pytest.raises(ClusterConfigError, match=f"provider.end_stagger_s .* got {bad!r}"):
-            lead_seconds({"end_stagger_s": bad}, "end_stagger_s", 60, "no stagger")
+        with pytest.raises(
+            ClusterConfigError, match=rf"provider.end_stagger_s .*\(no stagger\).* got {bad!r}"
+        ):
+            ProviderConfig.from_dict({"end_stagger_s": bad}, elastic=True)
 
 
 def test_a_node_being_replaced_drains_later_and_is_signalled_later() -> None:

@@ -36,7 +36,7 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from ..plan.cluster_config import ClusterConfigError, select_nodes
+from ..plan.cluster_config import select_nodes
 from ..plan.elastic_config import fill_elastic_config, head_mode, node_request
 from ..plan.environment import launched_head_of
 from ..plan.names import (
@@ -46,6 +46,7 @@ from ..plan.names import (
     worker_job_name,
 )
 from ..plan.node_record import NodeRecord
+from ..plan.provider_config import ClusterConfigError, ProviderConfig
 from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
 from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
@@ -74,7 +75,6 @@ from ..slurm.hostlist import expand
 from ..slurm.scontrol import ENDS, PREEMPTED_REQUEUE
 from ..slurm.srun import clean_env, job_state
 from ..slurm.walltime import (
-    DEFAULT_DRAIN_LEAD_SECONDS,
     EndingJob,
     WalltimeError,
     cut_short,
@@ -93,7 +93,6 @@ logger = logging.getLogger(__name__)
 JOB_CACHE_SECONDS = 5.0
 #: A submitted job that squeue does not list yet still counts as pending for this long.
 SUBMIT_GRACE_SECONDS = 30.0
-HEAD_START_TIMEOUT = 900.0
 #: After SLURM refused a node type's job, launches of that type fail this long.
 REFUSED_SECONDS = 600.0
 #: After a replacement's sbatch failed, it is tried again this much later.
@@ -153,7 +152,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         # config): `ray up` submits it in create_node
         NodeProvider.__init__(self, provider_config, cluster_name)
         self._check_cached_config(provider_config)
-        self.python = provider_config.get("python") or "python3"
+        self.settings = ProviderConfig.from_dict(provider_config)
+        self.python = self.settings.python or "python3"
         self._bind(NO_JOB)
         head = _live_head_job(cluster_name)
         if head is not None and head.state == "RUNNING":
@@ -165,10 +165,10 @@ class SlurmJobProvider(SlurmNodeProvider):
         cache = start_fillout(cluster_config)
         if cache is None:
             return cluster_config
-        provider = cluster_config["provider"]
+        settings = ProviderConfig.from_dict(cluster_config["provider"], elastic=True)
         env_job = job_id_from_env(os.environ)
-        mode = head_mode(provider, env_job is not None)
-        job = provider.get("job_id") or (env_job if mode == "allocation" else None)
+        mode = head_mode(settings, env_job is not None)
+        job = settings.job_id or (env_job if mode == "allocation" else None)
         head_owned = False
         if job is None:
             head = _live_head_job(cluster_config["cluster_name"])
@@ -182,7 +182,7 @@ class SlurmJobProvider(SlurmNodeProvider):
                 return gone_cluster(cluster_config, str(job), e, cache)
         filled = fill_elastic_config(cluster_config, head_alloc)
         filled["provider"].update(
-            job_id_from_config=bool(provider.get("job_id")), head_job_owned=head_owned, _eray_cache_path=cache
+            job_id_from_config=bool(settings.job_id), head_job_owned=head_owned, _eray_cache_path=cache
         )
         # checked before a new cluster starts; `ray down`, `ray exec`... of a running one
         # must not depend on what SLURM would accept today
@@ -422,7 +422,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             with FileLock(str(base / f".{self.cluster_name}.head.lock"), timeout=slurm_timeout() * 4):
                 head = _live_head_job(self.cluster_name)
                 if head is None:
-                    request = node_request(self.provider_config, node_config, head_type)
+                    request = node_request(self.settings, node_config, head_type)
                     with stop_signals.shielded():  # a job SLURM accepted is known here
                         job = submit(
                             request,
@@ -463,7 +463,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _wait_head_job(self, job: str) -> None:
         """Until SLURM runs the head's job; ``AllocationError`` on SLURM's verdict that it
         will not, ``SlurmCommandError`` when squeue stayed silent up to the timeout."""
-        timeout = float(self.provider_config.get("head_start_timeout_s", HEAD_START_TIMEOUT))
+        timeout = self.settings.head_start_timeout_s
         started = time.monotonic()
         reason = ""
         while True:
@@ -518,7 +518,7 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
-        alloc = select_nodes(scontrol_job(job), self.provider_config, 0)
+        alloc = select_nodes(scontrol_job(job), self.settings, 0)
         self.provider_config.update(_head_fields(job, alloc.to_dict()))
         self._bind(job)
 
@@ -531,7 +531,7 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _submit_workers(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
         node_type = tags[TAG_RAY_USER_NODE_TYPE]
-        request: SbatchRequest = node_request(self.provider_config, node_config, node_type)
+        request: SbatchRequest = node_request(self.settings, node_config, node_type)
         self._check_refused(node_type)
         self.state.create(slurm_cluster=None if self.state.exists() else known_cluster_name(os.environ))
         self._submit_jobs(node_type, node_config, request, tags, math.ceil(count / request.nodes))
@@ -652,7 +652,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         once), replaced already, or itself a replacement that has not taken over; and not
         when SLURM cut its end short (``walltime.cut_short``: a preemption, whose drain
         may not be recorded yet when this round runs)."""
-        lead = float(self.provider_config.get("replace_before_end_s", 0))
+        lead = self.settings.replace_before_end_s
         if lead <= 0:
             return
         markers = self.state.markers()
@@ -693,14 +693,14 @@ class SlurmJobProvider(SlurmNodeProvider):
                     continue  # preempted: drained at SLURM's signal, replaced by Ray's autoscaler
             if end is not None and limit is not None:
                 ending.append(EndingJob(job.job_id, parsed[1], end, limit))
-        stagger = float(self.provider_config.get("end_stagger_s", 0))
+        stagger = self.settings.end_stagger_s
         for due in due_replacements(ending, time.time(), lead, stagger):
             rec = records[elastic_node_id(due.job_id, 0)]
             try:
                 self.state.check_launchable()
                 self._check_refused(due.node_type)
                 config = configs[due.node_type]
-                request = node_request(self.provider_config, config, due.node_type)
+                request = node_request(self.settings, config, due.node_type)
                 self._submit_jobs(due.node_type, config, request, dict(rec.tags), 1, replaces=due.job_id)
             except ClusterStoppingError:
                 return
@@ -845,12 +845,12 @@ class SlurmJobProvider(SlurmNodeProvider):
             limit = parse_duration(request.time) if request.time else None
         except WalltimeError:
             limit = None  # sbatch's own reading of it: SLURM says at submission
-        replaced = float(self.provider_config.get("replace_before_end_s", 0)) > 0
+        replaced = self.settings.replace_before_end_s > 0
         return worker_lead(self._drain_lead, limit, replaced)
 
     @property
     def _drain_lead(self) -> float:
-        return float(self.provider_config.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
+        return self.settings.drain_before_end_s
 
     def _head_log(self, job: str):
         return self.state.base / f"{self.cluster_name}-head-{job}.log"
@@ -882,10 +882,11 @@ def _check_requests(config: dict[str, Any]) -> None:
     """SLURM's verdict on every worker type's request, before anything is submitted, so
     that ``ray up`` shows a refusal instead of the autoscaler failing in a log later."""
     env = clean_env(os.environ)
+    settings = ProviderConfig.from_dict(config["provider"])
     for name, spec in config["available_node_types"].items():
-        if name == config["head_node_type"] and config["provider"].get("job_id"):
+        if name == config["head_node_type"] and settings.job_id:
             continue
-        request = node_request(config, spec["node_config"], name)
+        request = node_request(settings, spec["node_config"], name)
         try:
             check_request(request, f"available_node_types.{name}", env)
         except SlurmCommandError as e:

@@ -35,10 +35,11 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from ..plan.cluster_config import FILLED, fill_config, gone_config
+from ..plan.cluster_config import fill_config, gone_config
 from ..plan.names import check_cluster_name
 from ..plan.node_record import NodeRecord, tags_match
 from ..plan.node_spec import worker_types
+from ..plan.provider_config import FILLED, ProviderConfig
 from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError
 from ..runtime.launch import (
@@ -136,7 +137,8 @@ class SlurmNodeProvider(NodeProvider):
         if not job:
             raise AllocationError("provider.job_id is missing: the config was not bootstrapped")
         self._check_cached_config(provider_config)
-        self.python = provider_config.get("python") or "python3"
+        self.settings = ProviderConfig.from_dict(provider_config)
+        self.python = self.settings.python or "python3"
         self._bind(str(job))
         if provider_config.get("job_gone"):
             # SLURM ended every process of the job; what is left is our bookkeeping
@@ -145,7 +147,7 @@ class SlurmNodeProvider(NodeProvider):
     def _bind(self, job_id: str) -> None:
         """Attach to the cluster of ``job_id`` (the job that holds the head)."""
         self.job_id = job_id
-        self.state = ClusterState(self.cluster_name, job_id, self.provider_config.get("state_dir"))
+        self.state = ClusterState(self.cluster_name, job_id, self.settings.state_dir)
         self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
         self._steps_error: SlurmCommandError | None = None
         self._live = LiveView()
@@ -389,7 +391,7 @@ class SlurmNodeProvider(NodeProvider):
                 state.mark_requested(live[0], tags)
                 return live[0]
             self._own_start()
-            ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.provider_config))
+            ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.settings))
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
         self._drop_views()
@@ -440,7 +442,7 @@ class SlurmNodeProvider(NodeProvider):
         have joined, and say how many nodes are alive."""
         rec = self._records()[node_id]
         launched = [i for i, r in self._records().items() if r.fixed_worker and r.launched]
-        workers = launched if self.provider_config.get("wait_for_workers", True) else []
+        workers = launched if self.settings.wait_for_workers else []
         try:
             proc = start_head(self.state, node_id, rec.slurm_node, extra_env, self.python)
             watch = wait_head_ready(

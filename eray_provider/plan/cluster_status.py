@@ -34,6 +34,7 @@ from ..slurm.walltime import format_timestamp
 from .names import parse_worker_job_name
 from .node_record import NodeRecord, parse_records
 from .ports import PortPlan
+from .provider_config import is_elastic
 from .sbatch import TERMINAL_STATES, JobInfo
 
 
@@ -145,7 +146,7 @@ def summarize(
     st = ClusterStatus(
         name=str(doc["cluster_name"]),
         job_id=job_id,
-        kind="elastic" if provider.get("elastic") else "fixed",
+        kind="elastic" if is_elastic(provider) else "fixed",
         state="",
         state_dir=state_dir,
         token_file=token_file,

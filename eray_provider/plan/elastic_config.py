@@ -13,44 +13,26 @@ from __future__ import annotations
 from typing import Any
 
 from ..slurm.allocation import Allocation
-from ..slurm.walltime import DEFAULT_REPLACE_LEAD_SECONDS, DEFAULT_STAGGER_SECONDS, check_replace_lead
-from .cluster_config import (
-    ClusterConfigError,
-    common_provider_keys,
-    finish_filling,
-    lead_seconds,
-    select_nodes,
-    start_filling,
-)
+from .cluster_config import finish_filling, select_nodes, start_filling
 from .node_spec import ray_resources
+from .provider_config import ClusterConfigError, ProviderConfig
 from .sbatch import SbatchRequest, SbatchRequestError
 
-HEAD_MODES = ("auto", "job", "allocation")
-#: How long a worker job may stay pending before the autoscaler gives up on it (longer
-#: than Ray's default: queues on busy clusters often are).
-DEFAULT_PENDING_TIMEOUT_S = 24 * 3600
-#: Seconds between the head's autoscaler rounds (``AUTOSCALER_UPDATE_INTERVAL_S``; Ray's
-#: default is 5): demand reaches sbatch sooner, and a round costs the provider a few ms
-#: with one squeue per ``JOB_CACHE_SECONDS`` at most.
-DEFAULT_AUTOSCALER_INTERVAL_S = 1
 
-
-def head_mode(provider: dict[str, Any], in_allocation: bool) -> str:
+def head_mode(config: ProviderConfig, in_allocation: bool) -> str:
     """``job`` (the head gets a job of its own) or ``allocation`` (the user's job)."""
-    mode = provider.get("head", "auto")
-    if not isinstance(mode, str) or mode not in HEAD_MODES:
-        raise ClusterConfigError(f"provider.head must be one of {list(HEAD_MODES)}, got {mode!r}")
+    mode = config.head
     if mode == "auto":
-        return "allocation" if provider.get("job_id") or in_allocation else "job"
-    if mode == "allocation" and not provider.get("job_id") and not in_allocation:
+        return "allocation" if config.job_id or in_allocation else "job"
+    if mode == "allocation" and not config.job_id and not in_allocation:
         raise ClusterConfigError(
             "provider.head: allocation, but this is not inside a SLURM allocation and "
             "provider.job_id is not set"
         )
-    if mode == "job" and provider.get("job_id"):
+    if mode == "job" and config.job_id:
         raise ClusterConfigError(
             f"provider.head: job (the head gets a job of its own) contradicts "
-            f"provider.job_id: {provider['job_id']!r}; remove one of them"
+            f"provider.job_id: {config.job_id!r}; remove one of them"
         )
     return mode
 
@@ -61,23 +43,14 @@ def _count(value: Any, where: str) -> int:
     return value
 
 
-def _interval(value: Any) -> int:
-    """Ray reads the interval as an integer number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ClusterConfigError(f"provider.autoscaler_interval_s must be an integer >= 1, got {value!r}")
-    return value
-
-
-def node_request(
-    config_or_provider: dict[str, Any], node_config: dict[str, Any], node_type: str
-) -> SbatchRequest:
+def node_request(config: ProviderConfig, node_config: dict[str, Any], node_type: str) -> SbatchRequest:
     """The sbatch request of a node type (its ``node_config.sbatch`` over ``provider.sbatch``)."""
-    provider = config_or_provider.get("provider", config_or_provider)
     where = f"available_node_types.{node_type}.node_config.sbatch"
     if not isinstance(node_config, dict) or "sbatch" not in node_config:
         raise ClusterConfigError(f"{where} is missing: an elastic node type is an sbatch request")
     try:
-        return SbatchRequest.from_config(node_config["sbatch"], provider.get("sbatch"), where)
+        defaults = dict(config.sbatch) if config.sbatch is not None else None
+        return SbatchRequest.from_config(node_config["sbatch"], defaults, where)
     except SbatchRequestError as e:
         raise ClusterConfigError(str(e)) from e
 
@@ -90,8 +63,8 @@ def fill_elastic_config(
     out = start_filling(config)
     if out is None:
         return config
-    provider = out["provider"]
-    keys = elastic_provider_keys(provider, python)
+    provider = ProviderConfig.from_dict(out["provider"], elastic=True)
+    keys = provider.filled_keys(python)
     head_type = out.get("head_node_type")
     types_in = out.get("available_node_types")
     if not isinstance(types_in, dict) or not isinstance(head_type, str) or head_type not in types_in:
@@ -99,7 +72,7 @@ def fill_elastic_config(
             f"head_node_type {head_type!r} must name one of available_node_types "
             f"({sorted(types_in) if isinstance(types_in, dict) else types_in!r})"
         )
-    fraction = keys["object_store_fraction"]
+    fraction = provider.object_store_fraction
     types: dict[str, Any] = {}
     for name, spec in types_in.items():
         if name == head_type:
@@ -113,32 +86,8 @@ def fill_elastic_config(
     return finish_filling(out, keys, types, n_workers, head_type=head_type, elastic=True)
 
 
-def elastic_provider_keys(provider: dict[str, Any], python: str | None) -> dict[str, Any]:
-    """The provider keys of an elastic cluster, checked: the common ones, the
-    replacement and stagger leads, the pending timeout and the autoscaler's interval."""
-    common = common_provider_keys(provider, python)
-    replace_lead = lead_seconds(
-        provider, "replace_before_end_s", DEFAULT_REPLACE_LEAD_SECONDS, "replace once gone"
-    )
-    clash = check_replace_lead(replace_lead, common["drain_before_end_s"])
-    if clash:
-        raise ClusterConfigError(clash)
-    return {
-        **common,
-        "elastic": True,
-        "replace_before_end_s": replace_lead,
-        "end_stagger_s": lead_seconds(provider, "end_stagger_s", DEFAULT_STAGGER_SECONDS, "no stagger"),
-        "pending_timeout_s": _count(
-            provider.get("pending_timeout_s", DEFAULT_PENDING_TIMEOUT_S), "provider.pending_timeout_s"
-        ),
-        "autoscaler_interval_s": _interval(
-            provider.get("autoscaler_interval_s", DEFAULT_AUTOSCALER_INTERVAL_S)
-        ),
-    }
-
-
 def _head_type(
-    provider: dict[str, Any], spec: dict[str, Any], name: str, head_alloc: Allocation | None, fraction: float
+    provider: ProviderConfig, spec: dict[str, Any], name: str, head_alloc: Allocation | None, fraction: float
 ) -> dict[str, Any]:
     """The head's node type: the resources of its job's first node once it runs, else
     those its sbatch request asks for; never a worker."""
@@ -151,7 +100,7 @@ def _head_type(
 
 
 def _worker_type(
-    provider: dict[str, Any], spec: dict[str, Any], name: str, cluster_max: Any, fraction: float
+    provider: ProviderConfig, spec: dict[str, Any], name: str, cluster_max: Any, fraction: float
 ) -> dict[str, Any]:
     """A worker node type: its sbatch request checked, its counts checked (``max_workers``
     defaults to the cluster's, else to ``min_workers``); the user's custom resources

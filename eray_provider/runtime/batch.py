@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from ..errors import ConfigError, ErayError
 from ..plan.cluster_config import fill_config
 from ..plan.node_spec import worker_types
+from ..plan.provider_config import ProviderConfig
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import known_cluster_name, running_allocation
 from ..slurm.env import in_srun_step, node_name, task_index
@@ -80,10 +81,11 @@ def start_cluster(
     if warning:
         print(f"eray-provider: warning: {warning}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    python = provider["python"]
+    settings = ProviderConfig.from_dict(provider)
+    python = settings.python or sys.executable
     with state.lock(timeout=120, creating=True):
         state.create(slurm_cluster=known_cluster_name(os.environ))
-        ensure_port_plan(state, alloc, python, temp_dir_claim(provider))
+        ensure_port_plan(state, alloc, python, temp_dir_claim(settings))
         state.save_cluster_config({"provider": provider})
     head = alloc.head.name
     types = worker_types(alloc)
@@ -124,7 +126,7 @@ def run(
         raise ConfigError(f"eray-provider run: the command {command[0]!r} is not found or not executable")
     alloc = running_allocation()
     provider = job_cluster_config(alloc, cluster_name, provider_options)["provider"]
-    state = ClusterState(cluster_name, alloc.job_id, provider["state_dir"])
+    state = ClusterState(cluster_name, alloc.job_id, ProviderConfig.from_dict(provider).state_base())
     with watching():
         return _run_cluster(state, alloc, provider, join_timeout, command)
 

@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..plan.cluster_config import elastic_module
 from ..plan.modules import RELAY, python_m
 from ..plan.names import step_name
+from ..plan.provider_config import ProviderConfig
 from ..slurm.client import SlurmCommandError, slurm_timeout
 from ..slurm.env import job_id_from_env
 from ..slurm.srun import job_state, srun_argv
@@ -463,6 +465,7 @@ def resolve(target: str, job: str | None, base: Path) -> ClusterState:
         config = yaml.safe_load(Path(target).read_text()) or {}
         name = str(config.get("cluster_name", ""))
         provider = config.get("provider") or {}
-        job = job or (str(provider["job_id"]) if provider.get("job_id") else job_id_from_env(os.environ))
-        base = Path(provider.get("state_dir") or base).expanduser()
+        settings = ProviderConfig.from_dict(provider, elastic=elastic_module(provider))
+        job = job or settings.job_id or job_id_from_env(os.environ)
+        base = Path(settings.state_dir).expanduser() if settings.state_dir else base
     return ClusterState(name, find_cluster(base, name, job, state_dirs(base)), base)

@@ -28,6 +28,7 @@ from ..plan.join_progress import JoinProgress
 from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, python_m
 from ..plan.names import is_cluster_step, step_name
 from ..plan.ports import PortPlan, PortPlanError, candidates, choose_probed, next_to_probe
+from ..plan.provider_config import ProviderConfig
 from ..slurm.allocation import Allocation
 from ..slurm.client import SlurmCommandError
 from ..slurm.hostlist import compress
@@ -179,14 +180,14 @@ def node_env(
     return clean_env(base, {**extra, **launch.to_env()})
 
 
-def temp_dir_claim(provider: Mapping[str, object]) -> str | None:
+def temp_dir_claim(settings: ProviderConfig) -> str | None:
     """Where the launcher claims the head's temp dir on every node, or None when no claim is
     needed: on Rays before 2.55 every worker's Ray takes the head's temp dir path on its own
     host (``ray_compat.WORKER_TEMP_DIR_FROM_HEAD``), a path another user can see on the head
     and make first on a worker's host. Made on every node in the port probe's step, before
     the head starts, the name is ours on a node before it can be seen there, but for the gap
     between two nodes' tasks of that step (``ensure_port_plan``)."""
-    return str(provider.get("temp_base") or "/tmp") if WORKER_TEMP_DIR_FROM_HEAD else None
+    return settings.temp_base if WORKER_TEMP_DIR_FROM_HEAD else None
 
 
 def ensure_port_plan(

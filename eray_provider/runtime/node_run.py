@@ -25,22 +25,21 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..errors import ClusterError, ConfigError
 from ..plan import environment
-from ..plan.cluster_config import DEFAULT_CAP_MB, DEFAULT_TOTAL_CAP_MB
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
 from ..plan.ports import PortPlan, candidates, choose_plan, held_ranges
+from ..plan.provider_config import ProviderConfig
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
 from ..slurm.env import job_id_from_env, node_index, restart_count
 from ..slurm.env import node_name as slurm_node_name
 from ..slurm.hostlist import HostlistError, expand
-from ..slurm.walltime import DEFAULT_DRAIN_LEAD_SECONDS, END_SIGNAL
+from ..slurm.walltime import END_SIGNAL
 from .bind_shim import bind_env, check_preloaded, shim_path
 from .cluster_state import ClusterState
 from .loopback_hold import LoopbackHold, hold_loopback
@@ -221,7 +220,7 @@ def _collect_logs(
     state: ClusterState,
     node_id: str,
     private: str,
-    provider: dict,
+    settings: ProviderConfig,
     role: str,
     node_name: str,
     own_job: str | None,
@@ -231,8 +230,8 @@ def _collect_logs(
 
     Best effort, and it never fails the node: a cluster torn down meanwhile (its state
     removed) or a full file system loses only the copy, said on stderr."""
-    cap = int(float(provider.get("collect_logs_mb", DEFAULT_CAP_MB)) * 2**20)
-    total = int(float(provider.get("collect_logs_total_mb", DEFAULT_TOTAL_CAP_MB)) * 2**20)
+    cap = int(settings.collect_logs_mb * 2**20)
+    total = int(settings.collect_logs_total_mb * 2**20)
     try:
         slurm_cluster = state.read().get("slurm_cluster", "")
     except (OSError, ValueError, RuntimeError):
@@ -340,17 +339,17 @@ def ray_environment(
     return out
 
 
-def head_environment(provider: Mapping[str, Any]) -> dict[str, str]:
+def head_environment(settings: ProviderConfig) -> dict[str, str]:
     """What only the head's Ray gets: how long an adopted or launched node may take to
     run Ray before the autoscaler gives up on it (Ray's default differs by release:
     ray_compat), and an elastic cluster's autoscaler interval."""
     out = {
         "RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S": str(
-            provider.get("pending_timeout_s", PENDING_TIMEOUT_SECONDS)
+            settings.pending_timeout_s if settings.elastic else PENDING_TIMEOUT_SECONDS
         )
     }
-    if provider.get("elastic"):
-        out["AUTOSCALER_UPDATE_INTERVAL_S"] = str(provider["autoscaler_interval_s"])
+    if settings.elastic:
+        out["AUTOSCALER_UPDATE_INTERVAL_S"] = str(settings.autoscaler_interval_s)
     return out
 
 
@@ -362,7 +361,7 @@ def start_spec(
     plan: PortPlan,
     temp_dir: str,
     head_address: str | None,
-    provider: Mapping[str, Any],
+    settings: ProviderConfig,
     autoscaling_config: str | None,
 ) -> StartSpec:
     """This node's ``ray start``, from its share of the allocation and the provider config."""
@@ -374,11 +373,11 @@ def start_spec(
         plan=plan,
         temp_dir=temp_dir,
         head_address=head_address,
-        dashboard_host=provider.get("dashboard_host"),
-        object_store_fraction=float(provider["object_store_fraction"]),
+        dashboard_host=settings.dashboard_host,
+        object_store_fraction=settings.object_store_fraction,
         autoscaling_config=autoscaling_config,
         node_index=alloc.node_names.index(node_name),
-        metrics_export=bool(provider.get("metrics_export")),
+        metrics_export=settings.metrics_export,
         end_time=alloc.end_time,
     )
 
@@ -464,7 +463,7 @@ def main() -> int:
     tmp = None
     claimed: str | None = None
     ray_home: SharedDir | None = None
-    provider: dict = {}
+    settings = ProviderConfig()
     code = 1
     watcher: subprocess.Popen | None = None
     drains: list[subprocess.Popen] = []
@@ -472,6 +471,7 @@ def main() -> int:
     try:
         config = state.cluster_config()
         provider = config["provider"]
+        settings = ProviderConfig.from_dict(provider)
         plan = state.ports()
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")
@@ -482,8 +482,8 @@ def main() -> int:
         else:
             alloc = Allocation.from_dict(provider["allocation"])
             node_plan = plan
-        ip = pick_ip(provider.get("network"))
-        shim = None if provider.get("bind_all_interfaces") else shim_path()
+        ip = pick_ip(settings.network)
+        shim = None if settings.bind_all_interfaces else shim_path()
         if shim:
             # before anything of Ray runs (and before the ip marker tells workers where the
             # head is), until it has ended (loopback_hold)
@@ -494,7 +494,7 @@ def main() -> int:
         if role == "head" and claimed:
             tmp = claimed  # the path workers take: made on every node first (launch.temp_dir_claim)
         else:
-            tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=provider.get("temp_base", "/tmp"))
+            tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=settings.temp_base)
         # a worker's claimed dir too, so that a teardown removes it if this node never runs
         state.write_temp_dirs(node_id, node_name, [tmp, *([claimed] if claimed and role == "worker" else [])])
         state.write_marker(node_id, "pid", identity(os.getpid()))
@@ -503,7 +503,7 @@ def main() -> int:
         cluster = ClusterEnv(
             token_path=str(state.token_path),
             home=str(state.home),
-            jax_env=provider.get("jax_env") or {},
+            jax_env=dict(settings.jax_env),
             job_id=state.job_id,
             jax_ports=(plan.jax_first, plan.jax_count),
         )
@@ -529,11 +529,11 @@ def main() -> int:
             node_plan,
             ray_temp_dir(ray_home.path),
             head_address,
-            provider,
+            settings,
             autoscaling,
         )
         ray_env.update(spec.env())
-        if not provider.get("bind_all_interfaces"):
+        if not settings.bind_all_interfaces:
             if shim:
                 ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
                 check_preloaded(shim, ray_env)
@@ -545,7 +545,7 @@ def main() -> int:
                     flush=True,
                 )
         if role == "head":
-            ray_env.update(head_environment(provider))
+            ray_env.update(head_environment(settings))
         ray_env.update(
             replace(cluster, head_ip=ip if role == "head" else host_of(str(head_address))).to_env()
         )
@@ -562,8 +562,8 @@ def main() -> int:
         proc = subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
         _ray.append(proc)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
-        lead = float(provider.get("drain_before_end_s", DEFAULT_DRAIN_LEAD_SECONDS))
-        replaced = bool(provider.get("elastic")) and provider.get("replace_before_end_s", 0) > 0
+        lead = settings.drain_before_end_s
+        replaced = settings.elastic and settings.replace_before_end_s > 0
         if role == "head" and (lead > 0 or replaced):
             watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
 
@@ -589,7 +589,7 @@ def main() -> int:
         # seen, and another user could make it first; the teardown removes it
         keep = claimed if claimed and role == "worker" and not _asked else None
         if ray_home is not None:
-            _collect_logs(state, node_id, ray_home.path, provider, role, node_name, own_job, code)
+            _collect_logs(state, node_id, ray_home.path, settings, role, node_name, own_job, code)
             # removes it, unless another node of the cluster still runs in it
             ray_home.leave(remove=ray_home.path != keep)
         if tmp and (ray_home is None or ray_home.path != tmp):
