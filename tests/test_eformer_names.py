@@ -1,6 +1,6 @@
 """The names eFormer's ``cluster_util`` exports that eray-provider provides for code that
 switches its imports (``eSlurmCluster``, ``logical_cpu_core_count``): their answers agree
-with ``DistributedConfig`` on the same step, where eFormer's would not (the README's table)."""
+with ``DistributedConfig`` on the same step, where eFormer's would not (the table in docs/eformer.md)."""
 
 from __future__ import annotations
 

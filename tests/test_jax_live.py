@@ -77,7 +77,7 @@ def test_plain_actors_initialize_with_rank_0_anywhere_and_one_group_after_anothe
     assert markers(out, "PLAINFAIL") == [], out[-3000:]
     assert "Failed to add port" not in out + proc.stderr
     # no rank joined another group's coordinator (the killed groups' ranks that outlive their
-    # rank 0 do abort with JAX's own "Terminating process because ...": see the README)
+    # rank 0 do abort with JAX's own "Terminating process because ...": see docs/jax.md)
     assert "incarnation" not in out + proc.stderr
     rounds = [json.loads(line.split(" ", 1)[1]) for line in markers(out, "PLAIN")]
     assert len(rounds) == 10, out[-3000:]

@@ -12,7 +12,7 @@ One allocation, two clusters whose names extend each other (``pfx`` and ``pfx-b`
 - the listener census: every listening socket on every node belongs to one of the two
   clusters' port plans or to SLURM; each of the cluster's listeners is probed by the other
   user from another node without the token: the authenticated ones refuse, and every one
-  that answers is named in the README's security section as unauthenticated;
+  that answers is named in docs/security.md as unauthenticated;
 - the token file is unreadable to that user, and it can plant no node marker (exit,
   drain, standby, handover) in the cluster's state dir;
 - ``ray down`` of ``pfx`` leaves every step of ``pfx-b`` running.
@@ -90,10 +90,11 @@ def port_names(plan: dict) -> dict[int, str]:
 
 
 def readme_unauthenticated() -> set[str]:
-    """Listener names the README's security section lists as answering without the token."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Security") :]
-    section = section[: section.index("\n## ", 4)]
+    """Listener names docs/security.md lists as answering without the token (its listener table)."""
+    text = (REPO / "docs" / "security.md").read_text()
+    section = text[text.index("# Security") :]
+    end = section.find("\n## ")
+    section = section if end < 0 else section[:end]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return {re.match(r"\| `([a-z_]+)`", r).group(1) for r in rows if r.rstrip(" |").endswith("no")}
 
@@ -292,8 +293,8 @@ def test_a_hostile_cotenant_gets_nothing(testbed: Testbed, tmp_path) -> None:
             if r.startswith("unreachable") and PROBES[key.split("@")[0]][0] == "grpc":
                 results[key] = "refused"
         # before Ray 2.54 the dashboard agent's HTTP server has no token check (Ray's own
-        # gap, said at every `ray` command and in the README): its job handler answers a
-        # tokenless request, so the README's claim is shown, both ways
+        # gap, said at every `ray` command and in docs/security.md): its job handler answers a
+        # tokenless request, so the claim of docs/security.md is shown, both ways
         agent = {k: results.pop(k) for k in list(results) if k.startswith("dashboard_agent_listen@")}
         assert len(agent) == len(NODES), agent
         if AGENT_HTTP_TOKEN_CHECK:

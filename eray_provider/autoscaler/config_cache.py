@@ -21,7 +21,7 @@ What the provider does about it:
 
 What it cannot do: when a planted cache names another provider module, Ray imports that
 module before any code of ours runs. The remedy is a private ``TMPDIR`` for the Ray CLI on
-shared machines (see the README's security section) or ``--no-config-cache``.
+shared machines (see docs/security.md) or ``--no-config-cache``.
 """
 
 from __future__ import annotations

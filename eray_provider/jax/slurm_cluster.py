@@ -7,8 +7,8 @@ whose answers come from this package's step layout (``slurm/step.py``), so that 
 with ``DistributedConfig``: the coordinator at the step's first node and
 ``job_coordinator_port`` (eFormer: port 61440 + job id mod 4096), GPU positions 0..n-1 as JAX
 numbers them (eFormer: the values of ``CUDA_VISIBLE_DEVICES``), and comma node lists and
-tasks bound to their own GPUs read right (eFormer raises on both). The README's eFormer
-table lists every difference.
+tasks bound to their own GPUs read right (eFormer raises on both). The table in
+docs/eformer.md lists every difference.
 """
 
 from __future__ import annotations

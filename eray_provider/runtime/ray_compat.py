@@ -22,7 +22,7 @@ by reading the releases' own code, 2.52.0 to 2.60.0:
 - ``AGENT_HTTP_TOKEN_CHECK``: from 2.54 the dashboard agent's HTTP server checks the token
   (``ray/dashboard/http_server_agent.py``). Before, it takes jobs from anyone who can reach
   it (``POST /api/job_agent/jobs/``, the head node's agent), which ``require_supported_ray``
-  says at every ``ray`` command and the README's security section states.
+  says at every ``ray`` command and docs/security.md states.
 
 Also read, and the same from 2.52 to 2.60 for what eray-provider uses: the provider and
 command runner interfaces, the autoscaler v2 adapter and its adoption of nodes by
