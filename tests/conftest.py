@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,9 +35,9 @@ def testbed() -> Iterator[Testbed]:
         require("the SLURM test bed needs root (network namespaces, slurmd)")
     status = subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "status"], capture_output=True, text=True)
     started = False
+    slurm = os.environ.get("ERAY_TESTBED_SLURM", "22.05")  # or 25.11 (`make test`)
     if status.returncode != 0:
         # the checkout (and its .venv) must be visible on the nodes, as on a shared file system
-        slurm = os.environ.get("ERAY_TESTBED_SLURM", "22.05")  # or 25.11
         up = subprocess.run(
             [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO), "--slurm", slurm],
             capture_output=True,
@@ -47,6 +48,12 @@ def testbed() -> Iterator[Testbed]:
             require(f"the SLURM test bed did not come up: {up.stderr.strip()[-3000:]}")
         started = True
     bed = Testbed(TESTBED_DIR)
+    version = bed.run(["scontrol", "--version"], check=False).stdout.strip()  # "slurm[-wlm] 25.11.7"
+    if not re.search(rf"\b{re.escape(slurm)}\.\d+$", version):
+        require(
+            f"the running test bed is {version!r}, not the Slurm {slurm} asked for (ERAY_TESTBED_SLURM): "
+            "run `scripts/slurm-testbed down` first"
+        )
     seen = bed.on_node("node1", f"test -x {sys.executable} && echo visible", check=False).stdout
     if "visible" not in seen:
         require(
