@@ -13,7 +13,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from eray_provider.plan.elastic_config import fill_elastic_config, head_mode
 from eray_provider.plan.node_spec import memory_split
-from eray_provider.plan.provider_config import ClusterConfigError, ProviderConfig
+from eray_provider.plan.provider_config import ClusterConfigError, Filled, ProviderConfig
 from eray_provider.plan.sbatch import (
     SbatchRequest,
     SbatchRequestError,
@@ -141,7 +141,7 @@ def test_shipped_yaml_fills_and_passes_rays_validation() -> None:
     types = cfg["available_node_types"]
     assert cfg["head_node_type"] == "head" and types["head"]["max_workers"] == 0
     assert types["cpu"]["resources"]["CPU"] == 2 and types["cpu"]["max_workers"] == 4
-    assert cfg["provider"]["elastic"] and "job_id" not in cfg["provider"]
+    assert Filled.of(cfg["provider"]).elastic and "job_id" not in cfg["provider"]
     assert cfg["idle_timeout_minutes"] == YAML["idle_timeout_minutes"]  # the user's, not forced
     assert cfg["provider"]["disable_node_updaters"] is True
     assert cfg["provider"]["autoscaler_interval_s"] == 1  # demand to sbatch within a second
@@ -149,9 +149,8 @@ def test_shipped_yaml_fills_and_passes_rays_validation() -> None:
     # the head in a running job: its resources are what SLURM gave it
     alloc = Allocation("42", (NodeShare("n1", 16, 0, None, 32000), NodeShare("n2", 16)))
     cfg = fill_elastic_config(prepare_config(copy.deepcopy(YAML)), alloc)
-    assert cfg["provider"]["job_id"] == "42" and [
-        n["name"] for n in cfg["provider"]["allocation"]["nodes"]
-    ] == ["n1"]
+    allocation = Filled.of(cfg["provider"]).allocation or {}
+    assert cfg["provider"]["job_id"] == "42" and [n["name"] for n in allocation["nodes"]] == ["n1"]
     assert cfg["available_node_types"]["head"]["resources"]["CPU"] == 16
 
 

@@ -181,3 +181,18 @@ def test_only_the_slurm_floor_reads_slurm_variables() -> None:
         for m in named.finditer(p.read_text())
     ]
     assert not outside, outside
+
+
+def test_only_the_config_module_reads_the_provider_section_by_key() -> None:
+    """A provider key read by string (``provider.get("drain_before_end_s", 300)``) outside
+    ``plan/provider_config.py`` would apply a default of its own: every reader takes the
+    typed ``ProviderConfig`` or ``Filled`` instead."""
+    by_key = re.compile(r"provider\w*(?:\.get\(|\[|\.pop\()[\"']|\[[\"']provider[\"']\](?:\.get\(|\[)[\"']")
+    outside = [
+        f"{module_name(p)}:{n}: {line.strip()}"
+        for p in modules_paths()
+        if p.name != "provider_config.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if by_key.search(line)
+    ]
+    assert not outside, outside

@@ -23,7 +23,7 @@ from testbed_support import wait_until
 from eray_provider.plan.environment import NodeLaunch
 from eray_provider.plan.modules import NODE_RUN, python_m
 from eray_provider.plan.ports import plan_for_block
-from eray_provider.plan.provider_config import FILLED
+from eray_provider.plan.provider_config import Filled, put_filled
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.launch import encode_node_ids
 from eray_provider.slurm.allocation import Allocation, NodeShare
@@ -39,17 +39,9 @@ def _cluster(tmp_path: Path, setup: list[str]) -> ClusterState:
     state.create()
     state.save_ports(PLAN)
     alloc = Allocation(JOB, (NodeShare("headnode", 1), NodeShare("nodeA", 1)))
-    state.save_cluster_config(
-        {
-            "provider": {
-                FILLED: True,  # as the provider saves it
-                "allocation": alloc.to_dict(),
-                "worker_setup_commands": setup,
-                "temp_base": str(tmp_path),
-                "object_store_fraction": 0.3,
-            }
-        }
-    )
+    provider = {"temp_base": str(tmp_path), "object_store_fraction": 0.3}
+    put_filled(provider, Filled(allocation=alloc.to_dict(), worker_setup_commands=tuple(setup)))
+    state.save_cluster_config({"provider": provider})
     return state
 
 

@@ -14,10 +14,12 @@ from eray_provider.plan.elastic_config import fill_elastic_config
 from eray_provider.plan.provider_config import (
     CHECKS,
     ELASTIC_KEYS,
-    FILLED,
-    INTERNAL_KEYS,
+    OWN,
+    RAY_SET_KEYS,
     ClusterConfigError,
+    Filled,
     ProviderConfig,
+    put_filled,
 )
 from eray_provider.slurm.allocation import Allocation, NodeShare
 
@@ -32,7 +34,7 @@ def _yaml(name: str) -> dict:
 def test_every_key_has_a_check_and_a_typed_field_and_nothing_else_is_a_key() -> None:
     names = {f.name for f in dataclasses.fields(ProviderConfig)}
     assert set(CHECKS) == names - {"elastic"}
-    assert not set(INTERNAL_KEYS) & set(CHECKS) and set(ELASTIC_KEYS) <= set(CHECKS)
+    assert not set(RAY_SET_KEYS) & set(CHECKS) and set(ELASTIC_KEYS) <= set(CHECKS) and OWN not in CHECKS
 
 
 def test_an_unknown_key_is_refused_naming_it_and_listing_the_valid_ones_with_defaults() -> None:
@@ -47,7 +49,9 @@ def test_an_unknown_key_is_refused_naming_it_and_listing_the_valid_ones_with_def
 
 
 def test_keys_the_provider_writes_and_elastic_keys_in_a_fixed_yaml_are_refused() -> None:
-    with pytest.raises(ClusterConfigError, match=r"provider.job_gone is set by eray-provider itself"):
+    with pytest.raises(ClusterConfigError, match=r"provider.use_internal_ips is set by eray-provider itself"):
+        ProviderConfig.from_dict({"use_internal_ips": True})
+    with pytest.raises(ClusterConfigError, match=r"provider.job_gone is not a setting"):
         ProviderConfig.from_dict({"job_gone": "x"})
     with pytest.raises(ClusterConfigError, match=r"provider.sbatch is a setting of elastic clusters"):
         ProviderConfig.from_dict({"sbatch": {"partition": "gpu"}})
@@ -55,8 +59,9 @@ def test_keys_the_provider_writes_and_elastic_keys_in_a_fixed_yaml_are_refused()
         "partition": "gpu"
     }
     # a filled section holds the provider's own keys (and whatever Ray's launcher adds)
-    filled = ProviderConfig.from_dict({FILLED: True, "job_gone": "x", "elastic": True, "ray_added": 1})
-    assert filled.elastic
+    section = {"ray_added": 1, "use_internal_ips": True}
+    put_filled(section, Filled(elastic=True, job_gone="x"))
+    assert ProviderConfig.from_dict(section).elastic and Filled.of(section).job_gone == "x"
 
 
 @pytest.mark.parametrize(

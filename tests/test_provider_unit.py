@@ -13,7 +13,7 @@ from eray_provider.autoscaler.command_runner import _exports, _remote_path, spli
 from eray_provider.plan.cluster_config import LAUNCH_HEAD, fill_config, gone_config
 from eray_provider.plan.node_spec import HEAD_TYPE, StartSpec, memory_split, worker_types
 from eray_provider.plan.ports import choose_plan
-from eray_provider.plan.provider_config import ClusterConfigError
+from eray_provider.plan.provider_config import ClusterConfigError, Filled
 from eray_provider.slurm.allocation import Allocation, NodeShare
 from eray_provider.slurm.srun import clean_env, srun_argv
 
@@ -55,7 +55,7 @@ def test_node_types_come_from_the_allocation_and_pass_rays_validation() -> None:
     for v in workers.values():
         assert v["min_workers"] == v["max_workers"] == len(v["node_config"]["slurm_nodes"])
     assert cfg["head_start_ray_commands"] == [LAUNCH_HEAD]
-    assert cfg["provider"]["worker_setup_commands"] == ["echo all", "echo w"]
+    assert Filled.of(cfg["provider"]).worker_setup_commands == ("echo all", "echo w")
     assert cfg["provider"]["disable_node_updaters"] is True
     assert cfg["provider"]["disable_launch_config_check"] is True  # v1 keeps the workers
     assert fill_config(cfg, ALLOC) is cfg  # idempotent on a filled config
@@ -84,7 +84,7 @@ def test_max_workers_subset_and_errors() -> None:
 def test_gone_config_is_valid_for_ray() -> None:
     cfg = gone_config(prepare_config(copy.deepcopy(USER)), "77", "job 77 has ended")
     validate_config(cfg)
-    assert cfg["provider"]["job_gone"] == "job 77 has ended"
+    assert Filled.of(cfg["provider"]).job_gone == "job 77 has ended"
 
 
 def test_start_line_pins_every_port_and_never_binds_all_interfaces() -> None:

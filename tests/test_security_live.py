@@ -41,6 +41,7 @@ from testbed_support import REPO, Testbed, other_user, require
 from eray_provider.autoscaler.config_cache import cache_path
 from eray_provider.autoscaler.provider import SlurmNodeProvider
 from eray_provider.plan.ports import Excluded, candidates
+from eray_provider.plan.provider_config import update_filled
 from eray_provider.runtime.port_probe import parse_reports
 from eray_provider.runtime.ray_compat import AGENT_HTTP_TOKEN_CHECK, WORKER_TEMP_DIR_FROM_HEAD
 
@@ -168,10 +169,10 @@ def plant_cache(job: str, login_tmp: Path, user: str, marker: Path) -> Path:
     evil = login_tmp / "evil.sh"
     evil.write_text(f'#!/bin/sh\ntouch {marker}\nexec python3 "$@"\n')
     evil.chmod(0o755)
-    filled["provider"].update(python=str(evil), job_id_from_config=True)
+    filled["provider"]["python"] = str(evil)
     for key in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
         filled[key] = [f"touch {marker}"]
-    filled["provider"]["worker_setup_commands"] = [f"touch {marker}"]
+    update_filled(filled["provider"], job_id_from_config=True, worker_setup_commands=(f"touch {marker}",))
     doc = json.dumps({"_version": 1, "provider_log_info": None, "config": filled})
     path = login_tmp / Path(cache_path(prepared)).name
     write = f"import sys; open({str(path)!r}, 'w').write(sys.stdin.read())"

@@ -21,6 +21,7 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 from eray_provider.errors import ConfigError
 from eray_provider.plan.cluster_config import fill_config
 from eray_provider.plan.ports import choose_plan
+from eray_provider.plan.provider_config import Filled, update_filled
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
 from eray_provider.runtime.launch import TeardownError, encode_node_ids, teardown
 from eray_provider.runtime.node_run import NodeRunError, node_id_from
@@ -239,13 +240,15 @@ def test_a_yaml_naming_an_ended_job_is_no_stale_cache_inside_another_job(
     }
     filled = SlurmNodeProvider.fillout_available_node_types_resources(prepare_config(user))
     provider = filled["provider"]
-    assert "job 123" in provider["job_gone"] and provider["job_id_from_config"] is True
+    facts = Filled.of(provider)
+    assert "job 123" in (facts.job_gone or "") and facts.job_id_from_config is True
     provider["_config_cache_path"] = cache = str(tmp_path / "ray-config-cache")
     write_private(cache, filled)
     SlurmNodeProvider(provider, "gone")  # the cache is the YAML's own job's: accepted
     assert Path(cache).exists()
     # a config bootstrapped for the job this runs in, read in another job, is stale
-    stale = {**provider, "job_id": "789", "job_id_from_config": False}
+    stale = {**provider, "job_id": "789"}
+    update_filled(stale, job_id_from_config=False)
     with pytest.raises(AllocationError, match="is for job 789, but this is job 456"):
         SlurmNodeProvider(stale, "gone")
 

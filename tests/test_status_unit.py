@@ -14,7 +14,13 @@ import pytest
 from eray_provider.cli import main
 from eray_provider.plan.cluster_status import down_status, summarize
 from eray_provider.plan.ports import choose_plan
-from eray_provider.plan.provider_config import DEFAULT_CAP_MB, ClusterConfigError, ProviderConfig
+from eray_provider.plan.provider_config import (
+    DEFAULT_CAP_MB,
+    ClusterConfigError,
+    Filled,
+    ProviderConfig,
+    put_filled,
+)
 from eray_provider.plan.sbatch import JobInfo
 from eray_provider.runtime.cluster_logs import find_cluster, node_logs, pick
 from eray_provider.runtime.cluster_state import ClusterState
@@ -46,6 +52,10 @@ def _doc(*nodes: tuple[str, str, dict]) -> dict:
 
 FIXED = _doc(("n1.1", "head", {"slurm_node": "n1"}), ("n2.2", "worker", {"slurm_node": "n2"}))
 IPS = {"n1.1": "10.0.0.1", "n2.2": "10.0.0.2"}
+
+
+ELASTIC: dict = {}
+put_filled(ELASTIC, Filled(elastic=True))
 
 
 def _summarize(doc=FIXED, ips=IPS, exits=None, jobs=None, alive=None, provider=None, **kw):
@@ -129,7 +139,7 @@ def test_an_elastic_cluster_shows_its_worker_jobs() -> None:
         "82": _job("82", "TIMEOUT", nodes="n3"),
         "83": _job("83", "PENDING", "BeginTime", nodes=""),
     }
-    st = _summarize(doc=doc, jobs=jobs, alive={"n1.1": "a", "j80-0": "b"}, provider={"elastic": True})
+    st = _summarize(doc=doc, jobs=jobs, alive={"n1.1": "a", "j80-0": "b"}, provider=ELASTIC)
     states = {n.node_id: (n.state, n.slurm_job, n.slurm_node) for n in st.nodes}
     assert states == {
         "n1.1": ("alive", "77", "n1"),
@@ -165,7 +175,7 @@ def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:
         doc=doc,
         jobs=jobs,
         alive=alive,
-        provider={"elastic": True},
+        provider=ELASTIC,
         drains={"j80-0": drain},
         handovers=["j91-0"],
         exits={"j81-0": "0"},
@@ -184,7 +194,7 @@ def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:
     assert "j90-0 replacing (for j80-0: pending (Resources))" in table, table
     # the replacement's job ended before it joined: the pair is the old node alone again
     jobs["90"] = _job("90", "FAILED", nodes="")
-    st = _summarize(doc=doc, jobs=jobs, alive=alive, provider={"elastic": True}, handovers=["j91-0"])
+    st = _summarize(doc=doc, jobs=jobs, alive=alive, provider=ELASTIC, handovers=["j91-0"])
     assert {n.node_id: n.state for n in st.nodes}["j90-0"] == "replacing"
 
 
@@ -206,10 +216,10 @@ def test_a_job_not_over_yet_is_never_pruned() -> None:
 def test_an_ended_head_with_worker_jobs_still_running_is_kept() -> None:
     doc = _doc(("n1.1", "head", {"slurm_node": "n1"}), ("j80-0", "worker", {"slurm_job": "80"}))
     unrecorded = JobInfo("81", "PENDING", "eray.c.77.cpu", "", "Priority", 1)
-    st = _summarize(doc=doc, jobs={"80": _job("80"), "81": unrecorded}, provider={"elastic": True})
+    st = _summarize(doc=doc, jobs={"80": _job("80"), "81": unrecorded}, provider=ELASTIC)
     assert st.state == "ended" and not st.prunable
     assert "worker job(s) 80, 81 still run" in st.problems[0]
-    ended = _summarize(doc=doc, jobs={"80": _job("80", "CANCELLED")}, provider={"elastic": True})
+    ended = _summarize(doc=doc, jobs={"80": _job("80", "CANCELLED")}, provider=ELASTIC)
     assert ended.state == "ended" and ended.prunable
 
 

@@ -46,7 +46,7 @@ from ..plan.names import (
     worker_job_name,
 )
 from ..plan.node_record import NodeRecord
-from ..plan.provider_config import ClusterConfigError, ProviderConfig
+from ..plan.provider_config import ClusterConfigError, Filled, ProviderConfig, put_head_job, update_filled
 from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
 from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
@@ -145,7 +145,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         self._replacements: frozenset[str] = frozenset()
         self._standing_by: frozenset[str] = frozenset()
         self._alive_workers: frozenset[str] = frozenset()
-        if provider_config.get("job_id"):
+        if ProviderConfig.from_dict(provider_config).job_id:
             super().__init__(provider_config, cluster_name)
             return
         # the head's job was not running when the config was filled (maybe in a cached
@@ -181,16 +181,17 @@ class SlurmJobProvider(SlurmNodeProvider):
             except JobGoneError as e:
                 return gone_cluster(cluster_config, str(job), e, cache)
         filled = fill_elastic_config(cluster_config, head_alloc)
-        filled["provider"].update(
-            job_id_from_config=bool(settings.job_id), head_job_owned=head_owned, _eray_cache_path=cache
+        update_filled(
+            filled["provider"],
+            job_id_from_config=bool(settings.job_id),
+            head_job_owned=head_owned,
+            cache_path=cache,
         )
         # checked before a new cluster starts; `ray down`, `ray exec`... of a running one
         # must not depend on what SLURM would accept today
         exists = (
             job is not None
-            and ClusterState(
-                cluster_config["cluster_name"], str(job), filled["provider"]["state_dir"]
-            ).exists()
+            and ClusterState(cluster_config["cluster_name"], str(job), settings.state_base()).exists()
         )
         if not exists:
             _check_requests(filled)
@@ -393,8 +394,9 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     # ------------------------------------------------------------------ create
     def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
-        if self.provider_config.get("job_gone"):
-            raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
+        gone = Filled.of(self.provider_config).job_gone
+        if gone:
+            raise JobGoneError(f"cannot start a cluster: {gone}")
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             stop_signals.install()  # SIGTERM and SIGHUP end `ray up` as Ctrl-C does
             if self.job_id == NO_JOB:
@@ -519,14 +521,16 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _use_head_job(self, job: str) -> None:
         """Complete the provider config with the head's running job, and attach to it."""
         alloc = select_nodes(scontrol_job(job), self.settings, 0)
-        self.provider_config.update(_head_fields(job, alloc.to_dict()))
+        put_head_job(self.provider_config, job, alloc.to_dict())
+        self.settings = ProviderConfig.from_dict(self.provider_config)
         self._bind(job)
 
     def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
         """The config written for the head names the head's job (submitted after the
         CLI filled its config)."""
-        if self.job_id != NO_JOB and not cluster_config["provider"].get("job_id"):
-            cluster_config["provider"].update(_head_fields(self.job_id, self.provider_config["allocation"]))
+        provider = cluster_config["provider"]
+        if self.job_id != NO_JOB and not ProviderConfig.from_dict(provider).job_id:
+            put_head_job(provider, self.job_id, Filled.of(self.provider_config).allocation)
         return super().prepare_for_head_node(cluster_config)
 
     def _submit_workers(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
@@ -834,7 +838,7 @@ class SlurmJobProvider(SlurmNodeProvider):
                 self._head_log(head).unlink(missing_ok=True)
         if self.job_id != NO_JOB and self.state.exists():
             SlurmNodeProvider.stop_all(self)
-        if self.provider_config.get("head_job_owned"):
+        if Filled.of(self.provider_config).head_job_owned:
             if self.job_id in heads:
                 cancel_jobs([self.job_id])
             self._head_log(self.job_id).unlink(missing_ok=True)
@@ -854,10 +858,6 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _head_log(self, job: str):
         return self.state.base / f"{self.cluster_name}-head-{job}.log"
-
-
-def _head_fields(job: str, allocation: dict[str, Any]) -> dict[str, Any]:
-    return {"job_id": job, "allocation": allocation, "head_job_owned": True, "job_id_from_config": True}
 
 
 def _adopted_tags(found: tuple[JobInfo, str] | None) -> dict[str, str]:

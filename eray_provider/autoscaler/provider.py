@@ -39,7 +39,14 @@ from ..plan.cluster_config import fill_config, gone_config
 from ..plan.names import check_cluster_name
 from ..plan.node_record import NodeRecord, tags_match
 from ..plan.node_spec import worker_types
-from ..plan.provider_config import FILLED, ProviderConfig
+from ..plan.provider_config import (
+    Filled,
+    ProviderConfig,
+    is_filled,
+    ray_cache_path,
+    set_ray_cache_path,
+    update_filled,
+)
 from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError
 from ..runtime.launch import (
@@ -91,7 +98,7 @@ def start_fillout(cluster_config: dict[str, Any]) -> str | None:
     cluster's name is valid; None when the config is filled already, else the path of
     Ray's config cache for it (Ray's key: the config as Ray hashed it, before filling)."""
     require_supported_ray()
-    if cluster_config["provider"].get(FILLED):
+    if is_filled(cluster_config["provider"]):
         return None
     check_cluster_name(cluster_config.get("cluster_name"))
     return cache_path(cluster_config)
@@ -103,8 +110,8 @@ def gone_cluster(cluster_config: dict[str, Any], job: str, error: JobGoneError, 
     job: a YAML naming the job is never taken for a stale cache of another one."""
     logger.warning("%s: the cluster on it is gone", error)
     filled = gone_config(cluster_config, job, str(error))
-    from_config = cluster_config["provider"].get("job_id") is not None
-    filled["provider"].update(job_id_from_config=from_config, _eray_cache_path=cache)
+    from_config = ProviderConfig.from_dict(filled["provider"]).job_id is not None
+    update_filled(filled["provider"], job_id_from_config=from_config, cache_path=cache)
     return filled
 
 
@@ -133,14 +140,14 @@ class SlurmNodeProvider(NodeProvider):
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
-        job = provider_config.get("job_id")
+        job = ProviderConfig.from_dict(provider_config).job_id
         if not job:
             raise AllocationError("provider.job_id is missing: the config was not bootstrapped")
         self._check_cached_config(provider_config)
         self.settings = ProviderConfig.from_dict(provider_config)
         self.python = self.settings.python or "python3"
         self._bind(str(job))
-        if provider_config.get("job_gone"):
+        if Filled.of(provider_config).job_gone:
             # SLURM ended every process of the job; what is left is our bookkeeping
             self.state.remove()
 
@@ -169,7 +176,7 @@ class SlurmNodeProvider(NodeProvider):
         this process exits, a cache that is not provably ours (``config_cache``) is
         refused, and a cache from another job (a crash, an older version) is refused and
         removed."""
-        cache = provider_config.get("_config_cache_path")
+        cache = ray_cache_path(provider_config)
         if not cache:
             return
         try:
@@ -180,13 +187,11 @@ class SlurmNodeProvider(NodeProvider):
             _CACHES_TO_REMOVE.add(cache)
             atexit.register(_unlink_quietly, cache)
         env_job = job_id_from_env(os.environ)
-        if not provider_config.get("job_id_from_config") and env_job not in (
-            None,
-            str(provider_config.get("job_id")),
-        ):
+        job = ProviderConfig.from_dict(provider_config).job_id
+        if not Filled.of(provider_config).job_id_from_config and env_job not in (None, job):
             _unlink_quietly(cache)
             raise AllocationError(
-                f"Ray's cached config {cache} is for job {provider_config.get('job_id')}, but this "
+                f"Ray's cached config {cache} is for job {job}, but this "
                 f"is job {env_job}; the stale cache was removed: run the command again "
                 "(or pass --no-config-cache)"
             )
@@ -198,13 +203,13 @@ class SlurmNodeProvider(NodeProvider):
         cache = start_fillout(cluster_config)
         if cache is None:
             return cluster_config
-        job = cluster_config["provider"].get("job_id")
+        job = ProviderConfig.from_dict(cluster_config["provider"], elastic=False).job_id
         try:
-            alloc = running_allocation(str(job) if job is not None else None)
+            alloc = running_allocation(job)
         except JobGoneError as e:
             return gone_cluster(cluster_config, str(job or job_id_from_env(os.environ)), e, cache)
         filled = fill_config(cluster_config, alloc)
-        filled["provider"].update(job_id_from_config=job is not None, _eray_cache_path=cache)
+        update_filled(filled["provider"], job_id_from_config=job is not None, cache_path=cache)
         return filled
 
     @staticmethod
@@ -212,9 +217,9 @@ class SlurmNodeProvider(NodeProvider):
         """The last step before Ray writes its config cache: create that file ourselves,
         private, so Ray's write never follows a planted link or lands in another user's
         file (see ``config_cache``)."""
-        path = cluster_config["provider"].get("_eray_cache_path")
+        path = Filled.of(cluster_config["provider"]).cache_path
         if path:
-            cluster_config["provider"]["_config_cache_path"] = path
+            set_ray_cache_path(cluster_config["provider"], path)
             try:
                 write_private(path, cluster_config)
             except UnsafeConfigCacheError as e:
@@ -224,8 +229,7 @@ class SlurmNodeProvider(NodeProvider):
     def prepare_for_head_node(self, cluster_config: dict[str, Any]) -> dict[str, Any]:
         """The head's copy of the config does not name the launcher's config cache: that
         path means nothing on the head node (whose /tmp another user could fill)."""
-        for key in ("_config_cache_path", "_eray_cache_path"):
-            cluster_config["provider"].pop(key, None)
+        set_ray_cache_path(cluster_config["provider"], None)
         return cluster_config
 
     # ------------------------------------------------------------------ node records
@@ -359,11 +363,17 @@ class SlurmNodeProvider(NodeProvider):
 
     # ------------------------------------------------------------------ create / terminate
     def _allocation(self) -> Allocation:
-        return Allocation.from_dict(self.provider_config["allocation"])
+        facts = Filled.of(self.provider_config)
+        if facts.allocation is None:
+            raise AllocationError(
+                "the provider config names no allocation: it was not filled for a running job"
+            )
+        return Allocation.from_dict(dict(facts.allocation))
 
     def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
-        if self.provider_config.get("job_gone"):
-            raise JobGoneError(f"cannot start a cluster: {self.provider_config['job_gone']}")
+        gone = Filled.of(self.provider_config).job_gone
+        if gone:
+            raise JobGoneError(f"cannot start a cluster: {gone}")
         wanted = list(node_config.get("slurm_nodes") or [])
         if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             try:

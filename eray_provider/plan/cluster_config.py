@@ -16,7 +16,15 @@ from ..slurm.allocation import Allocation
 from ..slurm.hostlist import HostlistError, expand
 from .names import check_cluster_name
 from .node_spec import HEAD_TYPE, node_resource, node_type_config, ray_resources, worker_types
-from .provider_config import FILLED, ClusterConfigError, ProviderConfig
+from .provider_config import (
+    ClusterConfigError,
+    Filled,
+    ProviderConfig,
+    elastic_module,
+    is_filled,
+    put_filled,
+    update_filled,
+)
 
 #: The head's start command: the command runner recognises it and launches the head's
 #: long-lived step from the launcher host instead of running it inside a short step.
@@ -56,7 +64,8 @@ def gone_config(config: dict[str, Any], job_id: str, reason: str) -> dict[str, A
     out = copy.deepcopy(config)
     provider = out["provider"]
     state_dir = ProviderConfig.from_dict(provider, elastic=elastic_module(provider)).state_base()
-    provider.update(job_id=str(job_id), job_gone=reason, state_dir=state_dir, **{FILLED: True})
+    provider.update(job_id=str(job_id), state_dir=state_dir)
+    update_filled(provider, elastic=elastic_module(provider), job_gone=reason)
     types = {HEAD_TYPE: {"resources": {}, "node_config": {}, "min_workers": 0, "max_workers": 0}}
     set_launcher_keys(out, types, 0)
     return out
@@ -97,30 +106,30 @@ def set_launcher_keys(
         out[key] = list(out.get(key) or [])
 
 
-def elastic_module(provider: dict[str, Any]) -> bool:
-    """Whether a user's provider section is for the elastic provider (its ``module``)."""
-    return str(provider.get("module", "")).rsplit(".", 1)[-1] == "SlurmJobProvider"
-
-
 def start_filling(config: dict[str, Any]) -> dict[str, Any] | None:
     """A copy of ``config`` to fill, its cluster name checked; None when it is filled
     already (filling is idempotent: Ray calls the provider's fillout more than once)."""
-    if config.get("provider", {}).get(FILLED):
+    if is_filled(config.get("provider", {})):
         return None
     check_cluster_name(config.get("cluster_name"))
     return copy.deepcopy(config)
 
 
 def finish_filling(
-    out: dict[str, Any], provider_keys: dict[str, Any], types: dict[str, Any], n_workers: int, **launcher: Any
+    out: dict[str, Any],
+    provider_keys: dict[str, Any],
+    facts: Filled,
+    types: dict[str, Any],
+    n_workers: int,
+    **launcher: Any,
 ) -> dict[str, Any]:
-    """Mark ``out`` filled with ``provider_keys`` and set the launcher's keys
-    (``set_launcher_keys``); returns it."""
+    """Fill ``out``'s provider section with ``provider_keys`` and the provider's ``facts``,
+    and set the launcher's keys (``set_launcher_keys``); returns it."""
     provider = out["provider"]
-    provider.update({**provider_keys, FILLED: True})
+    provider.update(provider_keys)
     set_launcher_keys(out, types, n_workers, **launcher)
     # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
-    provider["worker_setup_commands"] = out["worker_setup_commands"]
+    put_filled(provider, replace(facts, worker_setup_commands=tuple(out["worker_setup_commands"])))
     return out
 
 
@@ -155,10 +164,9 @@ def fill_config(config: dict[str, Any], alloc: Allocation, python: str | None = 
     keys = {
         **settings.filled_keys(python),
         "job_id": alloc.job_id,
-        "allocation": alloc.to_dict(),
         # a node's config is its SLURM node, which never changes: the v1 autoscaler's
         # check would take the workers started with the head (launched before any
         # launch hash exists) for outdated and replace them (v2's default is the same)
         "disable_launch_config_check": True,
     }
-    return finish_filling(out, keys, types, len(alloc.workers))
+    return finish_filling(out, keys, Filled(allocation=alloc.to_dict()), types, len(alloc.workers))

@@ -15,7 +15,7 @@ from typing import Any
 from ..slurm.allocation import Allocation
 from .cluster_config import finish_filling, select_nodes, start_filling
 from .node_spec import ray_resources
-from .provider_config import ClusterConfigError, ProviderConfig
+from .provider_config import ClusterConfigError, Filled, ProviderConfig
 from .sbatch import SbatchRequest, SbatchRequestError
 
 
@@ -81,9 +81,11 @@ def fill_elastic_config(
             types[name] = _worker_type(provider, dict(spec or {}), name, out.get("max_workers"), fraction)
     total_max = sum(t["max_workers"] for t in types.values())
     n_workers = _count(out.get("max_workers", total_max), "max_workers")
+    facts = Filled(elastic=True)
     if head_alloc is not None:
-        keys.update(job_id=head_alloc.job_id, allocation=select_nodes(head_alloc, provider, 0).to_dict())
-    return finish_filling(out, keys, types, n_workers, head_type=head_type, elastic=True)
+        keys.update(job_id=head_alloc.job_id)
+        facts = Filled(elastic=True, allocation=select_nodes(head_alloc, provider, 0).to_dict())
+    return finish_filling(out, keys, facts, types, n_workers, head_type=head_type, elastic=True)
 
 
 def _head_type(

@@ -7,15 +7,16 @@ leave the default in force without a word), refuses a key of elastic clusters in
 fixed one's YAML, and names the field and quotes the value of anything out of range.
 
 The filled config (what Ray's launcher and the nodes read back from disk) holds, besides
-the user's keys with their values checked, the keys the provider itself writes
-(``INTERNAL_KEYS``); a user's YAML may not set those.
+the user's keys with their values checked, what the provider itself writes: its own facts
+under ``provider._eray`` (``Filled``), and the keys of Ray's launcher it sets
+(``RAY_SET_KEYS``). A user's YAML may set neither.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,26 +49,18 @@ DEFAULT_PENDING_TIMEOUT_S = 24 * 3600
 DEFAULT_AUTOSCALER_INTERVAL_S = 1
 #: How long an elastic ``ray up`` waits for the head's job to start.
 DEFAULT_HEAD_START_TIMEOUT_S = 900.0
-#: Marks a provider section the provider has filled (filling is idempotent).
-FILLED = "_eray_filled"
-
-#: Ray's own keys of an external provider.
+#: Where the provider keeps its own facts in a section it has filled (``Filled``).
+OWN = "_eray"
+#: Ray's own keys of an external provider, the user's to write.
 RAY_KEYS = ("type", "module")
-#: The keys the provider writes into the filled config, never the user.
-INTERNAL_KEYS = {
-    FILLED: "the section is filled",
-    "elastic": "an elastic cluster (SlurmJobProvider)",
-    "allocation": "the head's job as SLURM gave it",
-    "job_gone": "why the cluster's job has ended",
-    "job_id_from_config": "provider.job_id came from the YAML",
-    "head_job_owned": "the head runs in a job ray up submitted",
-    "_eray_cache_path": "Ray's config cache, made private",
-    "_config_cache_path": "Ray's config cache, made private",
+#: Ray's launcher keys the provider sets (Ray reads them); never in a YAML.
+RAY_SET_KEYS = {
     "disable_node_updaters": "workers are started by the provider",
     "use_internal_ips": "nodes are reached at their addresses",
     "disable_launch_config_check": "a node's config never changes",
-    "worker_setup_commands": "Ray's merged setup commands for the workers",
+    "_config_cache_path": "Ray's config cache, made private by the provider",
 }
+RAY_CACHE_KEY = "_config_cache_path"
 #: The keys of elastic clusters only: in a fixed cluster's YAML they would do nothing.
 ELASTIC_KEYS = (
     "sbatch",
@@ -231,7 +224,7 @@ class ProviderConfig:
     autoscaler_interval_s: int = DEFAULT_AUTOSCALER_INTERVAL_S
     replace_before_end_s: float = DEFAULT_REPLACE_LEAD_SECONDS
     end_stagger_s: float = DEFAULT_STAGGER_SECONDS
-    #: not a key of the YAML: which provider the section is for (``INTERNAL_KEYS``)
+    #: not a key of the YAML: which provider the section is for (``Filled.elastic``)
     elastic: bool = False
 
     @classmethod
@@ -241,7 +234,7 @@ class ProviderConfig:
         naming the key and quoting the value."""
         if not isinstance(provider, Mapping):
             raise ClusterConfigError(f"provider must be a mapping, got {provider!r}")
-        filled = bool(provider.get(FILLED))
+        filled = OWN in provider
         elastic = is_elastic(provider) if elastic is None else elastic
         if not filled:  # the user's: checked whole once, when it is filled
             _refuse_unknown(provider, elastic)
@@ -276,7 +269,6 @@ class ProviderConfig:
         }
         if self.elastic:
             out.update(
-                elastic=True,
                 replace_before_end_s=self.replace_before_end_s,
                 end_stagger_s=self.end_stagger_s,
                 pending_timeout_s=self.pending_timeout_s,
@@ -295,9 +287,9 @@ def _refuse_unknown(provider: Mapping[str, Any], elastic: bool) -> None:
     for key in provider:
         if key in CHECKS or key in RAY_KEYS:
             continue
-        if key in INTERNAL_KEYS:
+        if key in RAY_SET_KEYS:
             raise ClusterConfigError(
-                f"provider.{key} is set by eray-provider itself ({INTERNAL_KEYS[key]}), not in a YAML"
+                f"provider.{key} is set by eray-provider itself ({RAY_SET_KEYS[key]}), not in a YAML"
             )
         raise ClusterConfigError(f"provider.{key} is not a setting of eray-provider; {valid_keys(elastic)}")
     if not elastic:
@@ -317,6 +309,91 @@ def valid_keys(elastic: bool) -> str:
     return "valid keys: " + ", ".join(shown)
 
 
+@dataclass(frozen=True)
+class Filled:
+    """What the provider itself writes into a provider section it fills (under ``_eray``):
+    facts about the cluster, never settings. Read with ``Filled.of``, changed with
+    ``update_filled``."""
+
+    #: the section is an elastic cluster's (``SlurmJobProvider``)
+    elastic: bool = False
+    #: the head's job as SLURM gave it (``Allocation.to_dict``); None until it runs
+    allocation: Mapping[str, Any] | None = None
+    #: why the cluster's job has ended: the cluster is gone
+    job_gone: str | None = None
+    #: ``provider.job_id`` came from the YAML (not from ``$SLURM_JOB_ID``)
+    job_id_from_config: bool = False
+    #: the head runs in a job an elastic ``ray up`` submitted
+    head_job_owned: bool = False
+    #: Ray's config cache of this YAML, made private by the provider (``config_cache``)
+    cache_path: str | None = None
+    #: ``setup_commands`` + ``worker_setup_commands`` as Ray merged them (node_run runs them)
+    worker_setup_commands: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, provider: Mapping[str, Any]) -> Filled:
+        """The provider's facts of a filled section (all defaults for one not filled)."""
+        own = provider.get(OWN) or {}
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in own.items() if k in known}
+        if "worker_setup_commands" in values:
+            values["worker_setup_commands"] = tuple(values["worker_setup_commands"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["worker_setup_commands"] = list(self.worker_setup_commands)
+        if self.allocation is not None:
+            out["allocation"] = dict(self.allocation)
+        return out
+
+
+def is_filled(provider: Mapping[str, Any]) -> bool:
+    """Whether the provider has filled this section (filling is idempotent: Ray calls the
+    provider's fillout more than once)."""
+    return OWN in provider
+
+
+def put_filled(provider: dict[str, Any], facts: Filled) -> None:
+    """Write the provider's facts into a section (in place): it is filled from then on."""
+    provider[OWN] = facts.to_dict()
+
+
+def update_filled(provider: dict[str, Any], **changes: Any) -> Filled:
+    """Change the provider's facts in a section (in place); returns them."""
+    facts = replace(Filled.of(provider), **changes)
+    put_filled(provider, facts)
+    return facts
+
+
+def ray_cache_path(provider: Mapping[str, Any]) -> str | None:
+    """Where Ray's launcher cached this config (its own key), if it says."""
+    return provider.get(RAY_CACHE_KEY)
+
+
+def set_ray_cache_path(provider: dict[str, Any], path: str | None) -> None:
+    """Name Ray's config cache in a section (Ray's key, and the provider's own fact), or
+    forget it (None: the head's copy, where a launcher's /tmp path means nothing)."""
+    if path is None:
+        provider.pop(RAY_CACHE_KEY, None)
+    else:
+        provider[RAY_CACHE_KEY] = path
+    if is_filled(provider):
+        update_filled(provider, cache_path=path)
+
+
 def is_elastic(provider: Mapping[str, Any]) -> bool:
-    """Whether a filled provider section is an elastic cluster's (its internal key)."""
-    return bool(provider.get("elastic"))
+    """Whether a filled provider section is an elastic cluster's."""
+    return Filled.of(provider).elastic
+
+
+def put_head_job(provider: dict[str, Any], job: str, allocation: Mapping[str, Any] | None) -> None:
+    """Complete a filled elastic section with the head's job, which ``ray up`` submitted
+    after the section was filled."""
+    provider["job_id"] = job
+    update_filled(provider, allocation=allocation, head_job_owned=True, job_id_from_config=True)
+
+
+def elastic_module(provider: Mapping[str, Any]) -> bool:
+    """Whether a user's provider section is for the elastic provider (Ray's ``module`` key)."""
+    return str(provider.get("module", "")).rsplit(".", 1)[-1] == "SlurmJobProvider"

@@ -44,10 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..plan.cluster_config import elastic_module
 from ..plan.modules import RELAY, python_m
 from ..plan.names import step_name
-from ..plan.provider_config import ProviderConfig
+from ..plan.provider_config import ProviderConfig, elastic_module
 from ..slurm.client import SlurmCommandError, slurm_timeout
 from ..slurm.env import job_id_from_env
 from ..slurm.srun import job_state, srun_argv

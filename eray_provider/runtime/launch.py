@@ -68,8 +68,8 @@ def cluster_env(state: ClusterState) -> dict[str, str]:
     address = head_address(state)
     plan = state.ports()
     try:
-        jax_defaults = state.cluster_config()["provider"].get("jax_env") or {}
-    except (OSError, KeyError, ValueError):
+        jax_defaults = dict(ProviderConfig.from_dict(state.cluster_config()["provider"]).jax_env)
+    except (OSError, KeyError, ValueError):  # ClusterConfigError is a ValueError
         jax_defaults = {}
     return ClusterEnv(
         token_path=str(state.token_path),
@@ -106,8 +106,8 @@ def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
     plan = state.ports()
     shim = shim_path()
     try:
-        everywhere = state.cluster_config()["provider"].get("bind_all_interfaces")
-    except (OSError, KeyError, ValueError):
+        everywhere = ProviderConfig.from_dict(state.cluster_config()["provider"]).bind_all_interfaces
+    except (OSError, KeyError, ValueError):  # ClusterConfigError is a ValueError
         everywhere = True
     if ip and plan and shim and not everywhere:
         env.update(bind_env(shim, ip, [plan], os.environ))

@@ -32,7 +32,7 @@ from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
 from ..plan.ports import PortPlan, candidates, choose_plan, held_ranges
-from ..plan.provider_config import ProviderConfig
+from ..plan.provider_config import Filled, ProviderConfig
 from ..plan.sbatch import elastic_node_id
 from ..slurm.allocation import Allocation
 from ..slurm.client import load_allocation
@@ -471,7 +471,7 @@ def main() -> int:
     try:
         config = state.cluster_config()
         provider = config["provider"]
-        settings = ProviderConfig.from_dict(provider)
+        settings, facts = ProviderConfig.from_dict(provider), Filled.of(provider)
         plan = state.ports()
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")
@@ -480,7 +480,7 @@ def main() -> int:
             alloc = load_allocation(own_job)
             node_plan = local_port_plan(own_job)
         else:
-            alloc = Allocation.from_dict(provider["allocation"])
+            alloc = Allocation.from_dict(dict(facts.allocation or {}))
             node_plan = plan
         ip = pick_ip(settings.network)
         shim = None if settings.bind_all_interfaces else shim_path()
@@ -511,7 +511,7 @@ def main() -> int:
         head_address = None
         if role == "worker":
             # while the head starts (a cluster of fixed nodes starts every node at once)
-            _run_setup(list(provider.get("worker_setup_commands") or []), ray_env)
+            _run_setup(list(facts.worker_setup_commands), ray_env)
             head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
         # the dir Ray runs in, shared on this host with any other node of the cluster whose
         # Ray takes the same path (before Ray 2.55 every worker takes the head's)

@@ -30,6 +30,7 @@ from typing import Any
 from ..errors import ClusterError, ClusterTimeoutError
 from ..plan.environment import CLIENT_VARIABLES
 from ..plan.names import safe_part
+from ..plan.provider_config import Filled
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
 from ..slurm.env import in_srun_step, node_name, step_instance
@@ -145,7 +146,8 @@ def _start(
         nodes = list(layout.nodes if start_workers else layout.nodes[:1])
         alloc = load_allocation(layout.job_id)
         provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
-        address = start_cluster(state, Allocation.from_dict(provider["allocation"]), provider, timeout)
+        chosen = Allocation.from_dict(dict(Filled.of(provider).allocation or {}))
+        address = start_cluster(state, chosen, provider, timeout)
     except Exception as e:
         state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _marker(state, "failed").write_text(str(e))
