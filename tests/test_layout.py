@@ -196,3 +196,21 @@ def test_only_the_config_module_reads_the_provider_section_by_key() -> None:
         if by_key.search(line)
     ]
     assert not outside, outside
+
+
+def test_marker_kinds_are_named_only_by_their_enum() -> None:
+    """A node's marker files (``<node id>.exit``...) are named by ``plan.markers.Marker``
+    alone: no module spells a kind as a string (``f"{i}.exit"``, ``read_marker(i, "ip")``,
+    ``name.endswith(".drain")``)."""
+    from eray_provider.plan.markers import Marker
+
+    kinds = "|".join(m.value for m in Marker)
+    spelled = re.compile(rf"_marker\([^)]*[\"']({kinds})[\"']|[\"'][^\"'\s]*\.({kinds})[\"']")
+    outside = [
+        f"{module_name(p)}:{n}: {line.strip()}"
+        for p in modules_paths()
+        if p.name != "markers.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if spelled.search(line)
+    ]
+    assert not outside, outside

@@ -39,6 +39,7 @@ from ray.autoscaler.tags import (
 from ..plan.cluster_config import select_nodes
 from ..plan.elastic_config import fill_elastic_config, head_mode, node_request
 from ..plan.environment import launched_head_of
+from ..plan.markers import Marker
 from ..plan.names import (
     head_job_name,
     is_head_job,
@@ -280,9 +281,9 @@ class SlurmJobProvider(SlurmNodeProvider):
         pending until squeue lists it (at most SUBMIT_GRACE_SECONDS)."""
         rec = self._records().get(node_id)
         markers = self.state.markers()
-        if (rec and rec.terminated) or f"{node_id}.exit" in markers:
+        if (rec and rec.terminated) or Marker.EXIT.file(node_id) in markers:
             return False
-        if rec and rec.requeued and f"{node_id}.rerun" not in markers:
+        if rec and rec.requeued and Marker.RERUN.file(node_id) not in markers:
             return False  # requeued by SLURM: hidden until it runs again
         found = self._worker_jobs().get(job)
         if found is not None:
@@ -323,12 +324,14 @@ class SlurmJobProvider(SlurmNodeProvider):
         markers = self.state.markers()
         self._replacements = frozenset(successors)
         self._alive_workers = frozenset(alive)
-        self._standing_by = frozenset(i for i in alive if f"{i}.standby" in markers)
+        self._standing_by = frozenset(i for i in alive if Marker.STANDBY.file(i) in markers)
         if not successors:
             return alive
-        ready = [i for i in successors if f"{i}.standby" in markers or f"{i}.handover" in markers]
-        handed = [i for i in successors if f"{i}.handover" in markers]
-        drained = [old for old in successors.values() if f"{old}.drain" in markers]
+        ready = [
+            i for i in successors if Marker.STANDBY.file(i) in markers or Marker.HANDOVER.file(i) in markers
+        ]
+        handed = [i for i in successors if Marker.HANDOVER.file(i) in markers]
+        drained = [old for old in successors.values() if Marker.DRAIN.file(old) in markers]
         hidden = paired_visibility(successors, alive, ready, handed, drained)
         return [i for i in alive if i not in hidden]
 
@@ -382,7 +385,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         parsed = _parse_node_id(node_id)
         if parsed is None:
             return super().internal_ip(node_id)
-        ip = self.state.read_marker(node_id, "ip")
+        ip = self.state.read_marker(node_id, Marker.IP)
         if ip:
             return ip
         found = self._worker_jobs().get(parsed[0])
@@ -613,10 +616,10 @@ class SlurmJobProvider(SlurmNodeProvider):
             return
         markers = self.state.markers()
         for node_id in waiting:
-            if node_id not in shown or f"{node_id}.handover" in markers:
+            if node_id not in shown or Marker.HANDOVER.file(node_id) in markers:
                 continue
             try:
-                self.state.write_marker(node_id, "handover", str(time.time()))
+                self.state.write_marker(node_id, Marker.HANDOVER, str(time.time()))
                 rec = self._records().get(node_id)
                 replaces = (rec.replaces if rec else "") or "a node whose record was lost"
                 logger.info("%s takes over from %s", node_id, replaces)
@@ -628,7 +631,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         (``walltime.failed_replacements``): the old node, shown all along, is replaced
         again ``REPLACE_RETRY_SECONDS`` later, while its end is still ahead."""
         self._elastic_view()  # computes the pairs and the alive workers
-        handed = [i for i in self._replacements if f"{i}.handover" in markers]
+        handed = [i for i in self._replacements if Marker.HANDOVER.file(i) in markers]
         failed = failed_replacements(self._successors(), self._alive_workers, handed)
         if not failed:
             return
@@ -670,9 +673,9 @@ class SlurmJobProvider(SlurmNodeProvider):
                 rec is None
                 or rec.terminated
                 or rec.successor
-                or f"{node_id}.exit" in markers
-                or f"{node_id}.drain" in markers
-                or (rec.replaces and f"{node_id}.handover" not in markers)
+                or Marker.EXIT.file(node_id) in markers
+                or Marker.DRAIN.file(node_id) in markers
+                or (rec.replaces and Marker.HANDOVER.file(node_id) not in markers)
             )
 
         ending = []
@@ -781,7 +784,9 @@ class SlurmJobProvider(SlurmNodeProvider):
         asked = [
             job
             for job in jobs
-            if any(f"{i}.exit" in markers or f"{i}.drain" in markers for i in ids.get(job, []))
+            if any(
+                Marker.EXIT.file(i) in markers or Marker.DRAIN.file(i) in markers for i in ids.get(job, [])
+            )
         ]
         out = set()
         for job in asked:
@@ -790,7 +795,7 @@ class SlurmJobProvider(SlurmNodeProvider):
                 continue
             out.add(job)
             for node_id in ids[job]:
-                self.state.marker(node_id, "rerun").unlink(missing_ok=True)
+                self.state.marker(node_id, Marker.RERUN).unlink(missing_ok=True)
             if verdict == PREEMPTED_REQUEUE:
                 try:
                     requeue_job(job)

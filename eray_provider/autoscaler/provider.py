@@ -36,6 +36,7 @@ from ray.autoscaler.tags import (
 )
 
 from ..plan.cluster_config import fill_config, gone_config
+from ..plan.markers import Marker
 from ..plan.names import check_cluster_name
 from ..plan.node_record import NodeRecord, tags_match
 from ..plan.node_spec import worker_types
@@ -252,7 +253,7 @@ class SlurmNodeProvider(NodeProvider):
         return steps
 
     def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps) -> bool:
-        if rec.terminated or f"{node_id}.exit" in markers:
+        if rec.terminated or Marker.EXIT.file(node_id) in markers:
             return False
         if not rec.launched:
             return True  # created, start command not run yet
@@ -347,7 +348,7 @@ class SlurmNodeProvider(NodeProvider):
         gets a new id)."""
         if node_id in self._ips:
             return self._ips[node_id]
-        ip = self.state.read_marker(node_id, "ip")
+        ip = self.state.read_marker(node_id, Marker.IP)
         if ip:
             self._ips[node_id] = ip
             return ip
@@ -581,7 +582,7 @@ class SlurmNodeProvider(NodeProvider):
     def _signal_node(self, node_id: str, job_id: str | None = None) -> None:
         """Stop one node of a multi-node step: SIGTERM to its node_run, by the PID it
         recorded, and only while that PID is still that process (``process_identity``)."""
-        command = signal_command(self.state.read_marker(node_id, "pid") or "")
+        command = signal_command(self.state.read_marker(node_id, Marker.PID) or "")
         slurm_node = self.state.temp_dirs(node_id)[0]  # where its node_run runs
         if command is None or not slurm_node:
             return

@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from .markers import Marker
+
 #: Nodes named in one line; the rest are counted.
 NAMED = 6
 #: At most a line this often while the count changes (thousands of nodes join in seconds).
@@ -26,9 +28,9 @@ def why_missing(node_id: str, markers: Collection[str], exits: Mapping[str, str]
     """One missing node's stage, from the names of its markers: pure."""
     if node_id in exits:
         return f"exited, exit {exits[node_id]}"
-    if f"{node_id}.ip" in markers:
+    if Marker.IP.file(node_id) in markers:
         return "Ray starting"
-    if f"{node_id}.tmpdir" in markers:
+    if Marker.TMPDIR.file(node_id) in markers:
         return "setting up"
     return "step not started"
 
@@ -81,7 +83,9 @@ class JoinProgress:
             return  # the caller says the end in its own words
         markers = self.read_markers()
         missing = [i for i in self.node_ids if i not in self.alive]
-        exits = {i: e for i in missing if f"{i}.exit" in markers and (e := self.read_exit(i)) is not None}
+        exits = {
+            i: e for i in missing if Marker.EXIT.file(i) in markers and (e := self.read_exit(i)) is not None
+        }
         described = [(self.slurm_nodes.get(i, i), why_missing(i, markers, exits)) for i in missing]
         total = self.already + len(self.node_ids)
         self.say(progress_line(self.already + count, total, described))

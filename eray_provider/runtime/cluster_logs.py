@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..plan.markers import Marker
 from ..plan.modules import NODE_LOGS, python_m
 from ..plan.names import check_cluster_name, step_name
 from ..slurm.client import slurm_timeout
@@ -122,7 +123,7 @@ def node_logs(state: ClusterState) -> list[NodeLogs]:
     if state.exists():
         markers = state.markers()
         for node_id, rec in state.records().items():
-            if rec.terminated or f"{node_id}.exit" in markers:
+            if rec.terminated or Marker.EXIT.file(node_id) in markers:
                 continue
             slurm_node, dirs = state.temp_dirs(node_id)
             if dirs:
@@ -158,7 +159,7 @@ def _follow(state: ClusterState, n: NodeLogs, components: list[str]) -> int:
     ends with this, also on Ctrl-C."""
     command = python_m(_python(state), NODE_LOGS, n.path, "--title", n.title, "--follow")
     command += [f"--component={c}" for c in components]
-    pid = parse_identity(state.read_marker(n.node_id, "pid"))
+    pid = parse_identity(state.read_marker(n.node_id, Marker.PID))
     if pid is not None:
         command.append(f"--pid={pid[0]}")  # tail ends with the node's Ray
     name = logs_step_name(state.cluster_name)

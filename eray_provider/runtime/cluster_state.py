@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from filelock import FileLock
 
 from ..errors import ClusterError
+from ..plan.markers import Marker
 from ..plan.names import check_cluster_name, default_base
 from ..plan.node_record import NodeRecord, Requested, parse_records
 from ..plan.ports import PortPlan
@@ -425,23 +426,23 @@ class ClusterState:
         _write_private(self.dir / "cluster.json", json.dumps(config, sort_keys=True))
 
     # ---------------------------------------------------------------- node markers
-    def marker(self, node_id: str, kind: str) -> Path:
-        return self.node_dir / f"{node_id}.{kind}"
+    def marker(self, node_id: str, kind: Marker) -> Path:
+        return self.node_dir / Marker(kind).file(node_id)  # a kind that is no Marker raises
 
-    def read_marker(self, node_id: str, kind: str) -> str | None:
+    def read_marker(self, node_id: str, kind: Marker) -> str | None:
         try:
             return self.marker(node_id, kind).read_text().strip()
         except FileNotFoundError:
             return None
 
-    def write_marker(self, node_id: str, kind: str, value: str) -> None:
+    def write_marker(self, node_id: str, kind: Marker, value: str) -> None:
         _write_private(self.marker(node_id, kind), value)
         self._markers = None
 
     def drained(self) -> str | None:
         """The reason of a drain ``end_watch`` recorded for a node of the cluster (its
         job's end is near), or None."""
-        for path in sorted(self.node_dir.glob("*.drain")):
+        for path in sorted(self.node_dir.glob(Marker.DRAIN.file("*"))):
             try:
                 return json.loads(path.read_text())["message"]
             except (OSError, ValueError, KeyError):
@@ -451,11 +452,11 @@ class ClusterState:
     def write_temp_dirs(self, node_id: str, slurm_node: str, paths: Sequence[str]) -> None:
         """Record the SLURM node a node's process runs on and the temp dirs it uses there
         (the teardown removes them, for a process that could not), one per line."""
-        self.write_marker(node_id, "tmpdir", "\n".join([slurm_node, *paths]))
+        self.write_marker(node_id, Marker.TMPDIR, "\n".join([slurm_node, *paths]))
 
     def temp_dirs(self, node_id: str) -> tuple[str, list[str]]:
         """(SLURM node, temp dirs) as ``write_temp_dirs`` recorded them; ("", []) if not."""
-        node, *paths = (self.read_marker(node_id, "tmpdir") or "").splitlines() or [""]
+        node, *paths = (self.read_marker(node_id, Marker.TMPDIR) or "").splitlines() or [""]
         return node, [p for p in paths if p.startswith("/")]
 
     def markers(self) -> frozenset[str]:

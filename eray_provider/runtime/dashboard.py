@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..plan.markers import Marker
 from ..plan.modules import RELAY, python_m
 from ..plan.names import step_name
 from ..plan.provider_config import ProviderConfig, elastic_module
@@ -94,11 +95,11 @@ def find_head(state: ClusterState) -> Head:
             f"cluster {state.cluster_name!r} of job {state.job_id} is not running ({state.dir})"
         )
     head = current_head(state)
-    ip = state.read_marker(head, "ip") if head else None
+    ip = state.read_marker(head, Marker.IP) if head else None
     plan = state.ports()
     if head is None or ip is None or plan is None:
         raise ConfigError(f"cluster {state.cluster_name!r} of job {state.job_id} has no running head")
-    if state.read_marker(head, "exit") is not None:
+    if state.read_marker(head, Marker.EXIT) is not None:
         raise ConfigError(
             f"the head {head} of cluster {state.cluster_name!r} exited: see `eray-provider status`"
         )
@@ -263,7 +264,7 @@ class Forwarder:
             if location is not None:
                 sock.sendall(login_response(self.cookie, self.session, location))
                 return
-            if self._end.is_set() or self.state.read_marker(self.head.node_id, "exit") is not None:
+            if self._end.is_set() or self.state.read_marker(self.head.node_id, Marker.EXIT) is not None:
                 return  # the head has ended: its address may be another user's by now
             first = rewrite_head(head, self.cookie, self.session, self.token) + rest
             if self.relay is not None:
@@ -293,7 +294,7 @@ class Forwarder:
             return "the relay step ended (the job ended, or srun failed: see above)"
         if not self.state.exists():
             return "the cluster was torn down"
-        if self.state.read_marker(self.head.node_id, "exit") is not None:
+        if self.state.read_marker(self.head.node_id, Marker.EXIT) is not None:
             return f"the head {self.head.node_id} exited"
         if time.monotonic() - slurm_checked > SLURM_CHECK_SECONDS:
             try:

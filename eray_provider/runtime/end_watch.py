@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from ..errors import ConfigError
 from ..plan.environment import NodeLaunch
+from ..plan.markers import Marker
 from ..plan.modules import END_WATCH
 from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError
@@ -119,7 +120,7 @@ def request(client, drain: Drain, state: ClusterState | None) -> bool:
     if state is not None and node.instance_id:
         record = {"deadline": drain.deadline, "job": node.job_id, "message": drain.message, "at": time.time()}
         try:
-            state.write_marker(node.instance_id, "drain", json.dumps(record))
+            state.write_marker(node.instance_id, Marker.DRAIN, json.dumps(record))
         except OSError as e:
             say(f"the drain of {node.instance_id} was not recorded: {e}")
     return True
@@ -238,7 +239,7 @@ def _pairs(state: ClusterState | None) -> Pairs | None:
     except (OSError, ValueError, RuntimeError):
         return None  # the cluster being torn down
     successors = {i: r.replaces for i, r in records.items() if r.replaces}
-    drained = {m[: -len(".drain")] for m in markers if m.endswith(".drain")}
+    drained = Marker.DRAIN.node_ids(markers)
     workers = {r.slurm_job for r in records.values() if r.elastic}
     return Pairs(successors, drained, workers)
 

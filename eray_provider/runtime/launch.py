@@ -25,6 +25,7 @@ from ..errors import ClusterError, ClusterTimeoutError
 from ..plan import environment
 from ..plan.environment import ClusterEnv, host_of
 from ..plan.join_progress import JoinProgress
+from ..plan.markers import Marker
 from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, python_m
 from ..plan.names import is_cluster_step, step_name
 from ..plan.ports import PortPlan, PortPlanError, candidates, choose_probed, next_to_probe
@@ -102,7 +103,7 @@ def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
     driver of ``eray-provider run``): its Ray client talks to the node's metrics agent over
     loopback, so it gets the node's bind shim too."""
     env = cluster_env(state)
-    ip = state.read_marker(node_id, "ip")
+    ip = state.read_marker(node_id, Marker.IP)
     plan = state.ports()
     shim = shim_path()
     try:
@@ -118,7 +119,7 @@ def head_address(state: ClusterState) -> str | None:
     plan = state.ports()
     for node_id, rec in state.records().items():
         if rec.live_head:
-            ip = state.read_marker(node_id, "ip")
+            ip = state.read_marker(node_id, Marker.IP)
             if ip and plan:
                 return f"{ip}:{plan.gcs}"
     return None
@@ -308,7 +309,7 @@ def start_head(
         state.check_launchable()
         rec = state.records()[node_id]
         proc = None
-        if not rec.launched or state.read_marker(node_id, "exit") is not None:
+        if not rec.launched or state.read_marker(node_id, Marker.EXIT) is not None:
             name = step_name(state.cluster_name, f"head.{rec.gen}")
             argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
@@ -357,13 +358,15 @@ def wait_head_ready(
     assert plan is not None
 
     def failed() -> str | None:
-        if (proc is not None and proc.poll() is not None) or state.read_marker(node_id, "exit") is not None:
+        if (proc is not None and proc.poll() is not None) or state.read_marker(
+            node_id, Marker.EXIT
+        ) is not None:
             return f"the head's Ray exited during start; {log}:\n{_tail(log)}"
         if stop_signals.stopping():  # in another thread than the one the signal stopped
             return "a stop signal ended the start"
         return None
 
-    while (ip := state.read_marker(node_id, "ip")) is None and time.monotonic() < deadline:
+    while (ip := state.read_marker(node_id, Marker.IP)) is None and time.monotonic() < deadline:
         stop_signals.check()
         if reason := failed():
             raise LaunchError(reason)
@@ -563,7 +566,7 @@ def _ended(state: ClusterState, step: str) -> bool:
     squeue has yet to list."""
     markers = state.markers()
     ids = [i for i, rec in state.records().items() if rec.step_name == step]
-    return bool(ids) and all(f"{i}.exit" in markers for i in ids)
+    return bool(ids) and all(Marker.EXIT.file(i) in markers for i in ids)
 
 
 def _remove_temp_dirs(state: ClusterState) -> None:
@@ -574,11 +577,10 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     per_node: dict[str, list[str]] = {}
     # nodes of other jobs (elastic workers) clean up after themselves
     outside = {i for i, rec in state.records().items() if rec.elastic}
-    for name in state.markers():
-        if name.endswith(".tmpdir") and name[: -len(".tmpdir")] not in outside:
-            node, paths = state.temp_dirs(name[: -len(".tmpdir")])
-            if node and paths:
-                per_node.setdefault(node, []).extend(paths)
+    for node_id in sorted(Marker.TMPDIR.node_ids(state.markers()) - outside):
+        node, paths = state.temp_dirs(node_id)
+        if node and paths:
+            per_node.setdefault(node, []).extend(paths)
     if not per_node:
         return
     lines = [f"  {shlex.quote(n)}) rm -rf -- {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]
@@ -617,7 +619,7 @@ def wait_joined(
 
     def failed() -> str | None:
         markers = state.markers()
-        gone = [i for i in node_ids if f"{i}.exit" in markers]
+        gone = [i for i in node_ids if Marker.EXIT.file(i) in markers]
         if gone:
             return f"node(s) {gone} exited while joining; see {state.logs}"
         records = state.records()
@@ -631,7 +633,7 @@ def wait_joined(
             node_ids,
             {i: records[i].slurm_node or i for i in node_ids if i in records},
             state.markers,
-            lambda i: state.read_marker(i, "exit"),
+            lambda i: state.read_marker(i, Marker.EXIT),
             say,
             already=already,
         )

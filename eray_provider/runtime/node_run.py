@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from ..errors import ClusterError, ConfigError
 from ..plan import environment
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
+from ..plan.markers import Marker
 from ..plan.modules import END_WATCH, python_m
 from ..plan.node_spec import StartSpec
 from ..plan.ports import PortPlan, candidates, choose_plan, held_ranges
@@ -149,10 +150,10 @@ def stand_by(state: ClusterState, node_id: str, replaces: str) -> None:
     autoscaler does not know of would be taken for one too many of its type, and stopped.
     Bounded by ``STANDBY_SECONDS``; ``ClusterStoppingError`` when the cluster is being
     stopped meanwhile."""
-    state.write_marker(node_id, "standby", str(time.time()))
+    state.write_marker(node_id, Marker.STANDBY, str(time.time()))
     print(f"eray-provider: {node_id} replaces job {replaces}'s node: standing by", flush=True)
     deadline = time.monotonic() + STANDBY_SECONDS
-    while state.read_marker(node_id, "handover") is None:
+    while state.read_marker(node_id, Marker.HANDOVER) is None:
         state.check_launchable()
         if time.monotonic() > deadline:
             raise NodeRunError(
@@ -173,9 +174,9 @@ def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
         state.check_launchable()
         head = current_head(state)
         if head is not None:
-            if state.read_marker(head, "exit") is not None:
+            if state.read_marker(head, Marker.EXIT) is not None:
                 raise NodeRunError(f"the head {head} exited before this node could join (see {state.logs})")
-            ip = state.read_marker(head, "ip")
+            ip = state.read_marker(head, Marker.IP)
             if ip and port_open(ip, gcs_port):
                 return f"{ip}:{gcs_port}"
         if time.monotonic() > deadline:
@@ -274,11 +275,11 @@ def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> N
     """An elastic worker's job that SLURM requeued runs again from the start: what its last
     run left (its end, its drain) is removed, and a ``rerun`` marker tells the provider,
     which hid the node since the requeue, to show it again."""
-    state.marker(node_id, "exit").unlink(missing_ok=True)
-    state.marker(node_id, "drain").unlink(missing_ok=True)
+    state.marker(node_id, Marker.EXIT).unlink(missing_ok=True)
+    state.marker(node_id, Marker.DRAIN).unlink(missing_ok=True)
     restarts = restart_count(env)
     if restarts > 0:
-        state.write_marker(node_id, "rerun", str(restarts))
+        state.write_marker(node_id, Marker.RERUN, str(restarts))
 
 
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
@@ -497,7 +498,7 @@ def main() -> int:
             tmp = tempfile.mkdtemp(prefix=f"eray-{state.job_id}-", dir=settings.temp_base)
         # a worker's claimed dir too, so that a teardown removes it if this node never runs
         state.write_temp_dirs(node_id, node_name, [tmp, *([claimed] if claimed and role == "worker" else [])])
-        state.write_marker(node_id, "pid", identity(os.getpid()))
+        state.write_marker(node_id, Marker.PID, identity(os.getpid()))
         bootstrap = state.home / "ray_bootstrap_config.yaml"
         n_workers = max(len(alloc.workers), 10)
         cluster = ClusterEnv(
@@ -549,7 +550,7 @@ def main() -> int:
         ray_env.update(
             replace(cluster, head_ip=ip if role == "head" else host_of(str(head_address))).to_env()
         )
-        state.write_marker(node_id, "ip", ip)
+        state.write_marker(node_id, Marker.IP, ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
         argv = spec.argv()
         # the `ray` of this Python's environment, also when its bin dir is not on PATH
@@ -581,7 +582,7 @@ def main() -> int:
             if helper is not None:
                 _stop_helper(helper)
         try:
-            state.write_marker(node_id, "exit", str(code))
+            state.write_marker(node_id, Marker.EXIT, str(code))
         except FileNotFoundError:
             pass  # the cluster was torn down and its state removed: nobody waits for it
         # the head's path, claimed on this host, is kept for the node that replaces this one

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import ClusterError, ClusterTimeoutError
 from ..plan.environment import CLIENT_VARIABLES
+from ..plan.markers import Marker
 from ..plan.names import safe_part
 from ..plan.provider_config import Filled
 from ..slurm.allocation import Allocation, AllocationError
@@ -57,6 +58,9 @@ def step_cluster_name(env: Mapping[str, str], slurm_cluster: str) -> str:
 
 #: File in a step cluster's state dir naming the SLURM cluster it ran on (its scontrol name).
 _SLURM_CLUSTER_FILE = "slurm_cluster"
+#: The step cluster's files in its state dir: the first task's outcome (the head's address,
+#: or why the start failed) that every task waits for, and each task's end.
+_READY_FILE, _FAILED_FILE, _DONE_FILE = "ready", "failed", "done"
 
 
 def _leftover_job(path: Path, slurm_cluster: str) -> str | None:
@@ -75,10 +79,6 @@ def _leftover_job(path: Path, slurm_cluster: str) -> str | None:
     except OSError:
         return None
     return m.group(2) if m.group(1) == FALLBACK_CLUSTER and recorded == slurm_cluster else None
-
-
-def _marker(state: ClusterState, name: str):
-    return state.dir / name
 
 
 def _remove_leftovers(base: Path, slurm_cluster: str) -> None:
@@ -150,9 +150,9 @@ def _start(
         address = start_cluster(state, chosen, provider, timeout)
     except Exception as e:
         state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _marker(state, "failed").write_text(str(e))
+        (state.dir / _FAILED_FILE).write_text(str(e))
         raise
-    _marker(state, "ready").write_text(address)
+    (state.dir / _READY_FILE).write_text(address)
     return address
 
 
@@ -161,13 +161,13 @@ def _wait_ready(state: ClusterState, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     seen = False
     while time.monotonic() < deadline:
-        failed = _marker(state, "failed")
+        failed = state.dir / _FAILED_FILE
         if failed.exists():
             raise ClusterError(f"the step's Ray cluster did not start: {failed.read_text()}")
         if seen and not state.dir.exists():
             raise ClusterError(f"the step's Ray cluster was stopped during its start ({state.dir})")
         seen = seen or state.dir.exists()
-        ready = _marker(state, "ready")
+        ready = state.dir / _READY_FILE
         if ready.exists() and ready.read_text():
             return ready.read_text()
         time.sleep(0.5)
@@ -181,13 +181,13 @@ def _report_done(state: ClusterState, rank: int) -> None:
         ray.shutdown()
     finally:
         if state.exists():
-            _marker(state, f"done.{rank}").write_text("")
+            (state.dir / f"{_DONE_FILE}.{rank}").write_text("")
 
 
 def _teardown(state: ClusterState, processes: int) -> None:
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
     while time.monotonic() < deadline:
-        done = list(state.dir.glob("done.*")) if state.exists() else []
+        done = list(state.dir.glob(f"{_DONE_FILE}.*")) if state.exists() else []
         if len(done) >= processes:
             break
         time.sleep(0.5)
@@ -214,7 +214,7 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     os.environ.update({k: client[k] for k in CLIENT_VARIABLES if k in client})
     here = node_name(env)
     mine = [i for i, rec in state.records().items() if rec.slurm_node == here]
-    return address, (state.read_marker(mine[0], "ip") if mine else None)
+    return address, (state.read_marker(mine[0], Marker.IP) if mine else None)
 
 
 def auto_ray_cluster(

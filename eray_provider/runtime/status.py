@@ -22,6 +22,7 @@ from filelock import Timeout
 
 from ..errors import ClusterError
 from ..plan.cluster_status import ClusterStatus, down_status, summarize, unreadable_status
+from ..plan.markers import Marker
 from ..plan.names import check_cluster_name, default_base
 from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError, known_cluster_name
@@ -62,15 +63,12 @@ def state_dirs(base: Path) -> list[tuple[str, str, Path]]:
     return found
 
 
-def _read_markers(state: ClusterState, kind: str) -> dict[str, str]:
-    suffix = f".{kind}"
+def _read_markers(state: ClusterState, kind: Marker) -> dict[str, str]:
     out = {}
-    for name in state.markers():
-        if name.endswith(suffix):
-            node_id = name[: -len(suffix)]
-            value = state.read_marker(node_id, kind)
-            if value is not None:
-                out[node_id] = value
+    for node_id in sorted(kind.node_ids(state.markers())):
+        value = state.read_marker(node_id, kind)
+        if value is not None:
+            out[node_id] = value
     return out
 
 
@@ -82,10 +80,10 @@ def _facts(state: ClusterState) -> dict:
         provider = {}
     return {
         "doc": state.read(),
-        "ips": _read_markers(state, "ip"),
-        "exits": _read_markers(state, "exit"),
-        "drains": _read_markers(state, "drain"),
-        "handovers": [name[: -len(".handover")] for name in state.markers() if name.endswith(".handover")],
+        "ips": _read_markers(state, Marker.IP),
+        "exits": _read_markers(state, Marker.EXIT),
+        "drains": _read_markers(state, Marker.DRAIN),
+        "handovers": sorted(Marker.HANDOVER.node_ids(state.markers())),
         "provider": provider,
         "plan": state.ports(),
     }
