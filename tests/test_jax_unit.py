@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from eray_provider import jax as ejax
+from eray_provider.jax import coordinator as meet
+from eray_provider.jax import init as jax_init
 from eray_provider.jax.hook import ENV_USER_HOOK, SETUP_HOOK, runtime_env_hook
 from eray_provider.plan import environment
 
@@ -52,7 +54,7 @@ def test_defaults_need_the_cluster_variables(monkeypatch) -> None:
 
 
 def test_second_initialize_is_a_clear_error(monkeypatch) -> None:
-    monkeypatch.setattr(ejax, "_state", {"rank": 0, "world": 2, "coordinator": "h:1"})
+    monkeypatch.setattr(jax_init, "_state", {"rank": 0, "world": 2, "coordinator": "h:1"})
     with pytest.raises(ejax.JaxInitError, match=r"already initialized in this process \(rank 0 of 2"):
         ejax.initialize(1, 2, coordinator_address="127.0.0.1:1")
 
@@ -139,16 +141,16 @@ def test_two_hook_groups_whose_names_hash_alike_get_different_ports(monkeypatch)
 
 def test_hook_groups_and_process_groups_share_one_reservation_space() -> None:
     kv = FakeKV()
-    held_by_process_group = ejax._port_key(20240)
+    held_by_process_group = meet._port_key(20240)
     kv.put(held_by_process_group, "abc123 pgid", overwrite=False)
-    port = ejax._reserve(
+    port = meet._reserve(
         range(20240, 20256), 0, "hook 10.0.0.1 0 g", kv.put, kv.get, lambda held, port: False
     )
     assert port == 20241
     # a stale holder (its group gone) is reclaimed
-    port = ejax._reserve(range(20240, 20242), 0, "hook 10.0.0.3 0 h", kv.put, kv.get, lambda held, port: True)
+    port = meet._reserve(range(20240, 20242), 0, "hook 10.0.0.3 0 h", kv.put, kv.get, lambda held, port: True)
     assert port == 20240 and kv.get(held_by_process_group) == b"hook 10.0.0.3 0 h"
-    assert ejax._reserve(range(20240, 20242), 0, "x y", kv.put, kv.get, lambda h, p: False) is None
+    assert meet._reserve(range(20240, 20242), 0, "x y", kv.put, kv.get, lambda h, p: False) is None
 
 
 def test_a_hook_reservation_is_stale_only_when_old_and_its_coordinator_is_gone() -> None:
@@ -159,19 +161,19 @@ def test_a_hook_reservation_is_stale_only_when_old_and_its_coordinator_is_gone()
         server.listen()
         live = server.getsockname()[1]
         now = 10_000.0
-        old = f"hook 127.0.0.1 {now - ejax.HOOK_GRACE - 1:.0f} my group"
-        assert not ejax._holder_stale(old, live, now=now)  # its coordinator answers
+        old = f"hook 127.0.0.1 {now - meet.HOOK_GRACE - 1:.0f} my group"
+        assert not meet._holder_stale(old, live, now=now)  # its coordinator answers
         young = f"hook 127.0.0.1 {now - 5:.0f} my group"
-    assert not ejax._holder_stale(young, live, now=now)  # reserved, not listening yet
-    assert ejax._holder_stale(old, live, now=now)  # closed now
-    assert not ejax._holder_stale("something else entirely here", live, now=now)
+    assert not meet._holder_stale(young, live, now=now)  # reserved, not listening yet
+    assert meet._holder_stale(old, live, now=now)  # closed now
+    assert not meet._holder_stale("something else entirely here", live, now=now)
 
 
 def test_a_publication_of_a_killed_rank_0_is_known_by_node_pid_and_time() -> None:
-    published = ejax.Publication("10.0.0.3:21008", "n3", 4242, "05000000", 1_000_000)
-    assert ejax.Publication.parse(published.text()) == published
+    published = meet.Publication("10.0.0.3:21008", "n3", 4242, "05000000", 1_000_000)
+    assert meet.Publication.parse(published.text()) == published
     # an address alone (nothing says who published it): only its answer decides
-    assert ejax.Publication.parse("10.0.0.3:21008\n") == ejax.Publication("10.0.0.3:21008")
+    assert meet.Publication.parse("10.0.0.3:21008\n") == meet.Publication("10.0.0.3:21008")
 
     def dead(node: str, pid: int, end: int) -> dict:
         return {"Address": {"NodeID": node}, "Pid": pid, "EndTime": end}
@@ -182,7 +184,7 @@ def test_a_publication_of_a_killed_rank_0_is_known_by_node_pid_and_time() -> Non
     assert not published.killed([dead("n3", 4243, 2_000_000)])
     # the pid given again: the actor that had it ended long before this one published
     assert not published.killed([dead("n3", 4242, 900_000)])
-    assert not ejax.Publication("10.0.0.3:21008").killed([dead("", 0, 2_000_000)])
+    assert not meet.Publication("10.0.0.3:21008").killed([dead("", 0, 2_000_000)])
 
 
 def test_the_hook_under_its_old_path_is_never_chained_to_itself(monkeypatch) -> None:
