@@ -214,3 +214,30 @@ def test_marker_kinds_are_named_only_by_their_enum() -> None:
         if spelled.search(line)
     ]
     assert not outside, outside
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No circle of imports (at the top or inside a function) among the package's modules
+    below the package itself: each module can be read before the ones that use it."""
+    names = {module_name(p): p for p in modules_paths()}
+    graph = {
+        name: {m for m in imports(path) if m in names and m != name and floor(m) is not None}
+        for name, path in names.items()
+        if floor(name) is not None
+    }
+    circles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, circles

@@ -107,7 +107,7 @@ def _rank_actor_class():
 
         def init(self, rank: int, world: int, coordinator: str, timeout: float, nodes: list[str]) -> int:
             # the module itself: this class travels by value, with copies of its globals
-            from eray_provider.jax import group as this_module
+            import eray_provider.jax.group as this_module
 
             this_module._group_nodes[:] = nodes
             initialize(rank, world, coordinator_address=coordinator, timeout=timeout)

@@ -109,3 +109,15 @@ def is_cluster_job(name: str, cluster: str) -> bool:
 def default_base(env: Mapping[str, str] = os.environ) -> Path:
     """The dir of every cluster's state dir: ``$ERAY_STATE_DIR``, else ``~/.eray-provider``."""
     return Path(env.get(STATE_DIR_ENV) or Path.home() / ".eray-provider")
+
+
+#: The dir of a cluster's state dir that keeps its nodes' Ray logs after they end
+#: (``runtime.node_logs``); it outlives the cluster until ``eray-provider status --prune``.
+LOGS_DIR = "ray-logs"
+
+
+def ray_temp_dir(private: str) -> str:
+    """Ray's ``--temp-dir`` inside a node's private (0700) dir. Ray makes the temp dir it is
+    given, and every dir it creates in it, world-writable (``chmod 0777``, in every release):
+    one level down, the private parent keeps other users of the host out of them all."""
+    return os.path.join(private, "ray")

@@ -39,11 +39,10 @@ from filelock import FileLock
 
 from ..errors import ClusterError
 from ..plan.markers import Marker
-from ..plan.names import check_cluster_name, default_base
+from ..plan.names import LOGS_DIR, check_cluster_name, default_base
 from ..plan.node_record import NodeRecord, Requested, parse_records
 from ..plan.ports import PortPlan
 from ..plan.sbatch import elastic_node_id
-from .node_logs import LOGS_DIR
 
 T = TypeVar("T")
 

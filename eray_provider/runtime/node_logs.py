@@ -46,9 +46,9 @@ from typing import Any
 
 from ..errors import ClusterError, ConfigError
 from ..plan.modules import NODE_LOGS
+from ..plan.names import LOGS_DIR, ray_temp_dir
 
 #: The name of the dir of collected logs inside a cluster's state dir.
-LOGS_DIR = "ray-logs"
 #: At most this many files a node (a node's many small worker logs: inodes on HOME).
 MAX_FILES = 400
 #: Sessions kept of one node id (``ray up`` after ``ray down`` in one job reuses ids).
@@ -361,7 +361,6 @@ def _show_mapped(path: str, components: list[str]) -> int:
     """One task of a step over many nodes: the logs of every node the map (JSON,
     ``{slurm node: [[private dir, title], ...]}``) names for this host."""
     from ..slurm.env import node_name
-    from .node_run import ray_temp_dir
 
     with open(path) as f:
         mine = json.load(f).get(node_name(os.environ), [])
@@ -379,7 +378,6 @@ def _show_mapped(path: str, components: list[str]) -> int:
 def main(argv: list[str]) -> int:
     """On a live node: print (or follow) the logs of its Ray, whose private dir is given;
     with ``--map``, of every node of this host that a step over many nodes reads."""
-    from .node_run import ray_temp_dir
 
     ap = argparse.ArgumentParser(prog=f"python -m {NODE_LOGS}")
     ap.add_argument("private_dir", nargs="?")

@@ -31,6 +31,7 @@ from ..plan import environment
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.markers import Marker
 from ..plan.modules import END_WATCH, python_m
+from ..plan.names import ray_temp_dir
 from ..plan.node_spec import StartSpec
 from ..plan.ports import PortPlan, candidates, choose_plan, held_ranges
 from ..plan.provider_config import Filled, ProviderConfig
@@ -185,13 +186,6 @@ def wait_for_head(state: ClusterState, gcs_port: int, timeout: float) -> str:
                 f"the head's GCS (port {gcs_port}, {where}) did not open within {timeout:.0f} s"
             )
         time.sleep(HEAD_POLL_SECONDS)
-
-
-def ray_temp_dir(private: str) -> str:
-    """Ray's ``--temp-dir`` inside a node's private (0700) dir. Ray makes the temp dir it is
-    given, and every dir it creates in it, world-writable (``chmod 0777``, in every release):
-    one level down, the private parent keeps other users of the host out of them all."""
-    return os.path.join(private, "ray")
 
 
 def heads_temp_dir(state: ClusterState) -> str:
