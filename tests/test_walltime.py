@@ -9,6 +9,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eray_provider.plan.drain import (
+    EndingJob,
+    RayNode,
+    check_replace_lead,
+    due_drains,
+    due_replacements,
+    effective_lead,
+    failed_replacements,
+    paired_visibility,
+    replaced_drains,
+    replacement_leads,
+    worker_lead,
+)
 from eray_provider.plan.elastic_config import fill_elastic_config
 from eray_provider.plan.node_spec import ray_labels
 from eray_provider.plan.provider_config import ClusterConfigError, ProviderConfig
@@ -19,22 +32,11 @@ from eray_provider.runtime.slurm_jobs import sbatch_argv
 from eray_provider.slurm.allocation import NodeShare
 from eray_provider.slurm.scontrol import ENDS, PREEMPTED_REQUEUE, REQUEUED, parse_job, requeue_verdict
 from eray_provider.slurm.walltime import (
-    EndingJob,
-    RayNode,
     WalltimeError,
-    check_replace_lead,
-    due_drains,
-    due_replacements,
-    effective_lead,
-    failed_replacements,
     format_duration,
     format_timestamp,
-    paired_visibility,
     parse_duration,
     parse_timestamp,
-    replaced_drains,
-    replacement_leads,
-    worker_lead,
 )
 
 

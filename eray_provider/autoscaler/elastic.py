@@ -37,6 +37,7 @@ from ray.autoscaler.tags import (
 )
 
 from ..plan.cluster_config import select_nodes
+from ..plan.drain import EndingJob, due_replacements, failed_replacements, paired_visibility, worker_lead
 from ..plan.elastic_config import fill_elastic_config, head_mode, node_request
 from ..plan.environment import launched_head_of
 from ..plan.markers import Marker
@@ -75,17 +76,7 @@ from ..slurm.env import job_id_from_env
 from ..slurm.hostlist import expand
 from ..slurm.scontrol import ENDS, PREEMPTED_REQUEUE
 from ..slurm.srun import clean_env, job_state
-from ..slurm.walltime import (
-    EndingJob,
-    WalltimeError,
-    cut_short,
-    due_replacements,
-    failed_replacements,
-    paired_visibility,
-    parse_duration,
-    parse_timestamp,
-    worker_lead,
-)
+from ..slurm.walltime import WalltimeError, cut_short, parse_duration, parse_timestamp
 from .provider import Answers, SlurmNodeProvider, gone_cluster, start_fillout
 from .views import LiveView, Memo, ReadOnlyTags
 

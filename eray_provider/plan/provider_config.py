@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..slurm.walltime import (
+from .drain import (
     DEFAULT_DRAIN_LEAD_SECONDS,
     DEFAULT_REPLACE_LEAD_SECONDS,
     DEFAULT_STAGGER_SECONDS,

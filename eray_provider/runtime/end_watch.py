@@ -36,22 +36,13 @@ from collections.abc import Collection
 from typing import NamedTuple
 
 from ..errors import ConfigError
+from ..plan.drain import Drain, RayNode, drain_message, due_drains, replaced_drains, worker_lead
 from ..plan.environment import NodeLaunch
 from ..plan.markers import Marker
 from ..plan.modules import END_WATCH
 from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError
-from ..slurm.walltime import (
-    Drain,
-    RayNode,
-    WalltimeError,
-    drain_message,
-    due_drains,
-    parse_duration,
-    parse_timestamp,
-    replaced_drains,
-    worker_lead,
-)
+from ..slurm.walltime import WalltimeError, parse_duration, parse_timestamp
 from .cluster_state import ClusterState
 from .port_probe import port_open
 from .slurm_jobs import user_jobs
