@@ -7,6 +7,7 @@ commands; the live fault-injection tests drive the real test bed).
 
 from __future__ import annotations
 
+import os
 import shlex
 import stat
 import subprocess
@@ -318,3 +319,27 @@ def test_a_lock_taken_just_as_the_state_goes_removes_the_dir_it_made(
     with pytest.raises(ClusterStoppingError, match="has been torn down"), state.lock():
         pass
     assert not state.dir.exists()
+
+
+def test_sbatch_goes_through_the_one_client_once_with_slurms_words(bindir: Path, tmp_path: Path) -> None:
+    """A submission is never retried (a try that failed may have submitted the job): one
+    call, SLURM's refusal quoted; the script reaches sbatch's stdin; the submitted job's
+    environment loses the client commands' input variables."""
+    from eray_provider.plan.sbatch import SbatchRequest
+    from eray_provider.runtime.slurm_jobs import submit
+
+    calls, seen = tmp_path / "calls", tmp_path / "seen"
+    fake(
+        bindir,
+        "sbatch",
+        f'echo x >> {calls}\ncat > {seen}\nenv | grep -c "^SBATCH_" >> {seen}\n'
+        'echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2\nexit 1\n',
+    )
+    request = SbatchRequest(cpus_per_node=1)
+    env = {**os.environ, "SBATCH_ARRAY_INX": "0-1"}
+    with pytest.raises(SlurmCommandError, match=r"job eray\.c\.1\.cpu: .*Invalid partition name specified"):
+        submit(request, "eray.c.1.cpu", "#!/bin/bash\necho hi\n", tmp_path / "log", env)
+    assert calls.read_text() == "x\n"  # once, whatever ERAY_SLURM_ATTEMPTS says
+    assert seen.read_text() == "#!/bin/bash\necho hi\n0\n"
+    fake(bindir, "sbatch", 'cat > /dev/null\necho "4242;cluster"\n')
+    assert submit(request, "eray.c.1.cpu", "#!/bin/bash\n", tmp_path / "log", env) == "4242"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from ..plan.modules import NODE_RUN
 from ..plan.names import is_cluster_job
 from ..plan.sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
-from ..slurm.client import SlurmAnswerError, SlurmCommandError, run_slurm, slurm_timeout
+from ..slurm.client import SlurmAnswerError, SlurmCommandError, run_sbatch, run_slurm
 from ..slurm.walltime import END_SIGNAL
 
 
@@ -73,26 +72,13 @@ def submit(
     warn_s: float = 0,
 ) -> str:
     """Submit one job; returns its id. ``SlurmCommandError`` quotes SLURM's refusal."""
-    argv = sbatch_argv(request, name, log, warn_s=warn_s)
     try:
-        proc = subprocess.run(
-            argv,
-            input=script,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(env),
-            start_new_session=True,  # a Ctrl-C is ours to handle: a job SLURM accepted is kept track of
-        )
-    except FileNotFoundError as e:
-        raise SlurmCommandError("sbatch is not installed or not on PATH") from e
-    except subprocess.TimeoutExpired as e:
-        raise SlurmCommandError(f"sbatch did not answer within {timeout:.0f} s") from e
-    if proc.returncode != 0:
-        raise SlurmCommandError(f"sbatch refused job {name}: {(proc.stderr or proc.stdout).strip()}")
-    job_id = proc.stdout.strip().split(";")[0]
+        out = run_sbatch(sbatch_argv(request, name, log, warn_s=warn_s), script, env, timeout)
+    except SlurmCommandError as e:
+        raise SlurmCommandError(f"job {name}: {e}") from e
+    job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
-        raise SlurmCommandError(f"sbatch printed no job id for {name}: {proc.stdout!r}")
+        raise SlurmCommandError(f"sbatch printed no job id for {name}: {out!r}")
     return job_id
 
 
@@ -101,19 +87,12 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
     (unknown partition, account or QOS, more nodes or CPUs than exist)."""
     argv = sbatch_argv(request, "eray-check", Path("/dev/null"), test_only=True)
     try:
-        proc = subprocess.run(
-            argv,
-            input="#!/bin/bash\ntrue\n",
-            capture_output=True,
-            text=True,
-            timeout=slurm_timeout(),
-            env=dict(env),
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise SlurmCommandError(f"{where}: sbatch --test-only failed: {e}") from e
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
-        raise SlurmCommandError(f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}")
+        run_sbatch(argv, "#!/bin/bash\ntrue\n", env)
+    except SlurmCommandError as e:
+        detail = str(e).split(": ", 1)[-1].replace("sbatch: error: ", "")
+        raise SlurmCommandError(
+            f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}"
+        ) from e
 
 
 def user_jobs(ended_too: bool = False, timeout: float | None = None) -> dict[str, JobInfo]:

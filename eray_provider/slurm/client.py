@@ -1,8 +1,9 @@
-"""Calls to SLURM's commands (scontrol, squeue, scancel), each with a timeout.
+"""Calls to SLURM's client commands (scontrol, squeue, scancel, sbatch), each with a timeout.
 
-This is the only module that runs SLURM's client commands for reading facts; parsing
-lives in ``scontrol`` and ``slurm.env``. Every call has a timeout, so a hung slurmctld
-gives an error instead of a hang.
+This is the only module that runs SLURM's client commands (``srun`` steps are ``srun``'s);
+parsing lives in ``scontrol`` and ``slurm.env``. Every call has a timeout, so a hung
+slurmctld gives an error instead of a hang. Reads and scancel may run twice and are
+retried (``run_slurm``); a submission may not (``run_sbatch``).
 """
 
 from __future__ import annotations
@@ -96,18 +97,26 @@ def command_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(INPUT_VARIABLES)}
 
 
-def _run_once(args: Sequence[str], timeout: float) -> str:
+def _run_once(
+    args: Sequence[str], timeout: float, script: str | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """One call: its stdout, or ``SlurmAnswerError`` / ``SlurmCommandError`` with SLURM's
+    words. ``script`` goes to its stdin (sbatch); ``env`` (default: ours) loses the client
+    commands' input variables."""
     try:
         proc = subprocess.run(
             list(args),
             capture_output=True,
             text=True,
             timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            env=command_env(os.environ),
+            input=script,
+            stdin=subprocess.DEVNULL if script is None else None,
+            env=command_env(os.environ if env is None else env),
             start_new_session=True,  # the terminal's Ctrl-C is ours to handle (a teardown
-            # that ignores it must not lose its scancel to it)
+            # that ignores it must not lose its scancel to it; a job SLURM accepted is kept)
         )
+    except FileNotFoundError as e:
+        raise SlurmCommandError(f"{args[0]} is not installed or not on PATH") from e
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e
     if proc.returncode != 0:
@@ -117,6 +126,16 @@ def _run_once(args: Sequence[str], timeout: float) -> str:
             raise SlurmAnswerError(message)
         raise SlurmCommandError(message)
     return proc.stdout
+
+
+def run_sbatch(args: Sequence[str], script: str, env: Mapping[str, str], timeout: float | None = None) -> str:
+    """One ``sbatch`` (``args`` from ``sbatch`` on) with ``script`` on its stdin; its stdout.
+
+    Never retried: a try that failed or timed out may still have submitted the job, and a
+    second would submit another. ``SlurmCommandError`` quotes SLURM's refusal (an unknown
+    partition, a limit) or says that sbatch did not answer within ``timeout``
+    (``slurm_timeout()``)."""
+    return _run_once(args, slurm_timeout() if timeout is None else timeout, script, env)
 
 
 def run_slurm(args: Sequence[str], timeout: float | None = None, attempts: int | None = None) -> str:
