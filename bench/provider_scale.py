@@ -86,10 +86,11 @@ from eray_provider.plan.elastic_config import fill_elastic_config
 from eray_provider.plan.modules import NODE_RUN
 from eray_provider.plan.node_record import NodeRecord
 from eray_provider.plan.ports import choose_plan
-from eray_provider.plan.sbatch import SQUEUE_FORMAT, elastic_node_id
+from eray_provider.plan.sbatch import elastic_node_id
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.slurm.allocation import Allocation, NodeShare
 from eray_provider.slurm.hostlist import expand
+from eray_provider.slurm.squeue import SQUEUE_FORMAT
 
 #: MAX_ARG_STRLEN: one argument or ``NAME=value`` string, its NUL included.
 ARG_LIMIT = 131072

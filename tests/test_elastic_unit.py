@@ -19,10 +19,10 @@ from eray_provider.plan.sbatch import (
     SbatchRequestError,
     elastic_node_id,
     parse_mem,
-    parse_squeue,
 )
 from eray_provider.runtime.slurm_jobs import batch_script, sbatch_argv
 from eray_provider.slurm.allocation import Allocation, NodeShare
+from eray_provider.slurm.squeue import parse_squeue
 
 YAML = yaml.safe_load((Path(__file__).parent.parent / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
 
@@ -225,7 +225,7 @@ def test_a_dotted_elastic_cluster_name_is_refused() -> None:
 
 def test_pending_worker_jobs_are_said_once_per_reason() -> None:
     from eray_provider.autoscaler.elastic import pending_news
-    from eray_provider.plan.sbatch import JobInfo
+    from eray_provider.slurm.squeue import JobInfo
 
     def jobs(reason12: str) -> dict[str, JobInfo]:
         return {

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from eray_provider.plan.sbatch import parse_squeue
 from eray_provider.slurm.env import allocation_from_env
 from eray_provider.slurm.scontrol import ENDS, parse_fields, parse_job, requeue_verdict
+from eray_provider.slurm.squeue import parse_squeue
 from eray_provider.slurm.step import step_layout
 from eray_provider.slurm.walltime import parse_timestamp
 

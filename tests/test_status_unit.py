@@ -21,7 +21,6 @@ from eray_provider.plan.provider_config import (
     ProviderConfig,
     put_filled,
 )
-from eray_provider.plan.sbatch import JobInfo
 from eray_provider.runtime.cluster_logs import find_cluster, node_logs, pick
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.node_logs import (
@@ -33,6 +32,7 @@ from eray_provider.runtime.node_logs import (
     select,
 )
 from eray_provider.runtime.status import PruneError, format_table, gather, prune, state_dirs, to_json
+from eray_provider.slurm.squeue import JobInfo
 
 PLAN = choose_plan("77", [])
 

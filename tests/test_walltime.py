@@ -25,12 +25,13 @@ from eray_provider.plan.drain import (
 from eray_provider.plan.elastic_config import fill_elastic_config
 from eray_provider.plan.node_spec import ray_labels
 from eray_provider.plan.provider_config import ClusterConfigError, ProviderConfig
-from eray_provider.plan.sbatch import JobInfo, SbatchRequest
+from eray_provider.plan.sbatch import SbatchRequest
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.end_watch import Pairs, gcs_needed
 from eray_provider.runtime.slurm_jobs import sbatch_argv
 from eray_provider.slurm.allocation import NodeShare
 from eray_provider.slurm.scontrol import ENDS, PREEMPTED_REQUEUE, REQUEUED, parse_job, requeue_verdict
+from eray_provider.slurm.squeue import JobInfo
 from eray_provider.slurm.walltime import (
     WalltimeError,
     format_duration,
@@ -216,8 +217,8 @@ def test_replace_keys_are_checked() -> None:
 
 
 def test_a_node_being_replaced_drains_later_and_is_signalled_later() -> None:
-    from eray_provider.plan.sbatch import JobInfo
     from eray_provider.runtime.end_watch import job_ends
+    from eray_provider.slurm.squeue import JobInfo
 
     # a 3-minute job: drained 90 s before its end (half the limit), 45 s while replaced
     assert worker_lead(300, 180, replaced=False) == 90

@@ -49,7 +49,7 @@ from ..plan.names import (
 )
 from ..plan.node_record import NodeRecord
 from ..plan.provider_config import ClusterConfigError, Filled, ProviderConfig, put_head_job, update_filled
-from ..plan.sbatch import JobInfo, SbatchRequest, elastic_node_id
+from ..plan.sbatch import SbatchRequest, elastic_node_id
 from ..runtime import stop_signals
 from ..runtime.cluster_state import ClusterState, ClusterStoppingError, ensure_private_dir, remove_state_dir
 from ..runtime.launch import node_env
@@ -75,6 +75,7 @@ from ..slurm.client import (
 from ..slurm.env import job_id_from_env
 from ..slurm.hostlist import expand
 from ..slurm.scontrol import ENDS, PREEMPTED_REQUEUE
+from ..slurm.squeue import JobInfo
 from ..slurm.srun import clean_env, job_state
 from ..slurm.walltime import WalltimeError, cut_short, parse_duration, parse_timestamp
 from .provider import Answers, SlurmNodeProvider, gone_cluster, start_fillout

@@ -30,12 +30,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ..slurm.forms import TERMINAL_STATES
+from ..slurm.squeue import JobInfo
 from ..slurm.walltime import format_timestamp
 from .names import parse_worker_job_name
 from .node_record import NodeRecord, parse_records
 from .ports import PortPlan
 from .provider_config import is_elastic
-from .sbatch import TERMINAL_STATES, JobInfo
 
 
 @dataclass(frozen=True)

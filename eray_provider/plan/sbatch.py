@@ -18,44 +18,6 @@ from ..errors import ConfigError
 from ..slurm.allocation import NodeShare, memory_mib, parse_gpu_spec
 from .node_spec import DEFAULT_OBJECT_STORE_FRACTION, share_resources
 
-#: Job states in which the job holds (or will hold) its nodes; any other state, or a job
-#: squeue no longer lists, means its Ray nodes are gone.
-LIVE_STATES = frozenset(
-    {"PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "SIGNALING"}
-)
-#: States after which a job never runs again: what it left behind may be removed. Not
-#: among them: COMPLETING (its processes may still run), STOPPED, and the held or
-#: requeued states, after which the same job id runs again.
-TERMINAL_STATES = frozenset(
-    {
-        "COMPLETED",
-        "CANCELLED",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
-    }
-)
-#: Pending reasons after which the job will not start without the user changing something.
-HOPELESS_REASONS = (
-    "PartitionNodeLimit",
-    "PartitionTimeLimit",
-    "PartitionDown",
-    "PartitionInactive",
-    "BadConstraints",
-    "InvalidAccount",
-    "InvalidQOS",
-    "QOSMaxWallDurationPerJobLimit",
-    "QOSMaxNodePerJobLimit",
-    "AssocMaxNodesPerJobLimit",
-    "AssocMaxWallDurationPerJobLimit",
-    "JobHeldAdmin",
-    "JobHeldUser",
-    "DependencyNeverSatisfied",
-)
 _KEYS = {
     "partition",
     "account",
@@ -206,54 +168,3 @@ def elastic_node_id(job_id: str, index: int) -> str:
 
 
 # ---------------------------------------------------------------------- squeue
-@dataclass(frozen=True)
-class JobInfo:
-    job_id: str
-    state: str
-    name: str
-    nodelist: str
-    reason: str
-    num_nodes: int
-    #: squeue's ``%L``: ``[days-]hours:minutes:seconds``, ``UNLIMITED``, or "" when unknown
-    time_left: str = ""
-    #: squeue's ``%e``: the (expected) end, ISO local time, or "" when unknown
-    end_time: str = ""
-    #: squeue's ``%l``: the time limit, as ``time_left``
-    time_limit: str = ""
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_STATES
-
-    @property
-    def hopeless(self) -> bool:
-        return self.state == "PENDING" and self.reason.startswith(HOPELESS_REASONS)
-
-
-#: ``squeue -o`` format matching ``parse_squeue`` (the name last: it may hold '|'). ``%A``,
-#: not ``%i``: an element of a job array is listed by its own job id (``SLURM_JOB_ID``),
-#: not as ``<array job>_<index>``.
-SQUEUE_FORMAT = "%A|%T|%D|%N|%r|%L|%e|%l|%j"
-_UNKNOWN = ("", "(null)", "N/A", "NONE", "INVALID", "Unknown")
-
-
-def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """Lines of ``squeue -h -o SQUEUE_FORMAT`` -> job id -> JobInfo."""
-    jobs: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|", 8)
-        if len(parts) != 9 or not parts[0].isdigit():
-            continue
-        job_id, state, count, nodelist, reason, left, end, limit, name = parts
-        jobs[job_id] = JobInfo(
-            job_id=job_id,
-            state=state.split()[0] if state else "",
-            name=name,
-            nodelist="" if nodelist in _UNKNOWN else nodelist,
-            reason=reason,
-            num_nodes=int(count) if count.isdigit() else 0,
-            time_left="" if left in _UNKNOWN else left,
-            end_time="" if end in _UNKNOWN else end,
-            time_limit="" if limit in _UNKNOWN else limit,
-        )
-    return jobs

@@ -40,8 +40,8 @@ from ..plan.drain import Drain, RayNode, drain_message, due_drains, replaced_dra
 from ..plan.environment import NodeLaunch
 from ..plan.markers import Marker
 from ..plan.modules import END_WATCH
-from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError
+from ..slurm.squeue import JobInfo
 from ..slurm.walltime import WalltimeError, parse_duration, parse_timestamp
 from .cluster_state import ClusterState
 from .port_probe import port_open

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from ..plan.modules import NODE_RUN
 from ..plan.names import is_cluster_job
-from ..plan.sbatch import SQUEUE_FORMAT, JobInfo, SbatchRequest, parse_squeue
+from ..plan.sbatch import SbatchRequest
 from ..slurm.client import SlurmAnswerError, SlurmCommandError, run_sbatch, run_slurm
+from ..slurm.squeue import SQUEUE_FORMAT, JobInfo, parse_squeue
 from ..slurm.walltime import END_SIGNAL
 
 

@@ -24,8 +24,8 @@ from ..errors import ClusterError
 from ..plan.cluster_status import ClusterStatus, down_status, summarize, unreadable_status
 from ..plan.markers import Marker
 from ..plan.names import check_cluster_name, default_base
-from ..plan.sbatch import JobInfo
 from ..slurm.client import SlurmCommandError, known_cluster_name
+from ..slurm.squeue import JobInfo
 from .cluster_state import ClusterState
 from .launch import gcs_alive
 from .node_logs import collected, logs_root

@@ -19,6 +19,7 @@ from dataclasses import replace
 from ..errors import ClusterError, ConfigError
 from .allocation import Allocation, AllocationError, JobGoneError
 from .env import allocation_from_env, job_id_from_env
+from .forms import ANSWERS
 from .scontrol import (
     ENDS,
     being_preempted,
@@ -40,11 +41,6 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_ATTEMPTS = 3
 #: Seconds between tries: 1, 2, 4... (doubling).
 RETRY_DELAY = 1.0
-
-#: SLURM's own answers about a job or step: a verdict, returned at once and never retried.
-#: Every other failure (a timeout, a refused connection, an overloaded controller) says
-#: nothing about the job.
-ANSWERS = ("Invalid job id", "already completing or completed")
 
 
 #: Input variables of SLURM's client commands: a user's or site's ``SQUEUE_STATES`` would

@@ -22,8 +22,9 @@ from .allocation import (
     one_gpu_type,
     parse_gpu_spec,
 )
+from .forms import REQUEUE_STATES, UNKNOWN
 from .hostlist import HostlistError, expand
-from .walltime import UNKNOWN_TIMES, WalltimeError, parse_duration, parse_timestamp
+from .walltime import WalltimeError, parse_duration, parse_timestamp
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=(\S*)")
 _GRES_ITEM = re.compile(r"([^,(]+)(?:\(([^)]*)\))?")
@@ -85,13 +86,9 @@ def parse_fields(record: str) -> dict[str, str]:
     return fields
 
 
-#: Job states of a job that SLURM is putting back in the queue.
-REQUEUE_STATES = ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
-
-
 def being_preempted(job: dict[str, str]) -> bool:
     """A running job that SLURM preempts (``PreemptTime`` set): it runs out its grace."""
-    return job.get("JobState") == "RUNNING" and job.get("PreemptTime", "").strip() not in UNKNOWN_TIMES
+    return job.get("JobState") == "RUNNING" and job.get("PreemptTime", "").strip() not in UNKNOWN
 
 
 #: ``requeue_verdict``'s answers: SLURM ends the job; it is being preempted and SLURM will

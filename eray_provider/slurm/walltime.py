@@ -19,12 +19,10 @@ from __future__ import annotations
 import time
 
 from ..errors import ConfigError
+from .forms import UNKNOWN, UNLIMITED
 
 #: The signal SLURM is asked to send before a job's end (``--signal=URG@<lead>``).
 END_SIGNAL = "URG"
-
-#: How SLURM prints a time it does not know (or has not set).
-UNKNOWN_TIMES = ("", "Unknown", "NONE", "None", "N/A", "(null)", "INVALID")
 
 
 class WalltimeError(ConfigError):
@@ -35,7 +33,7 @@ def parse_timestamp(text: str) -> float | None:
     """``2026-12-04T13:11:43`` (SLURM's local time, as squeue ``%e`` and scontrol
     ``EndTime=`` print it) -> seconds since the epoch; None for an unknown or unlimited end."""
     text = text.strip()
-    if text in UNKNOWN_TIMES:
+    if text in UNKNOWN:
         return None
     try:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
@@ -47,7 +45,7 @@ def parse_duration(text: str) -> float | None:
     """SLURM's durations (``%l``, ``TimeLimit=``): ``MM``, ``MM:SS``, ``HH:MM:SS``,
     ``D-HH[:MM[:SS]]`` -> seconds; None for ``UNLIMITED`` or unknown."""
     text = text.strip()
-    if text in UNKNOWN_TIMES or text in ("UNLIMITED", "INFINITE", "NOT_SET"):
+    if text in UNKNOWN or text in UNLIMITED:
         return None
     days, sep, rest = text.partition("-")
     if not sep:
