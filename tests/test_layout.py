@@ -77,6 +77,18 @@ def modules_paths() -> list[Path]:
     return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+def lines_matching(pattern: re.Pattern[str], but: str) -> list[str]:
+    """``module:line: text`` of every line of the package ``pattern`` finds, but in the
+    module file named ``but`` (the one that owns what the pattern looks for)."""
+    return [
+        f"{module_name(p)}:{n}: {line.strip()}"
+        for p in modules_paths()
+        if p.name != but
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+
+
 def test_every_module_sits_on_a_floor() -> None:
     assert {p.parent.name for p in modules_paths() if p.parent != PKG} == set(FLOORS)
     assert {p.name for p in modules_paths() if p.parent == PKG} == {
@@ -188,13 +200,7 @@ def test_only_the_config_module_reads_the_provider_section_by_key() -> None:
     ``plan/provider_config.py`` would apply a default of its own: every reader takes the
     typed ``ProviderConfig`` or ``Filled`` instead."""
     by_key = re.compile(r"provider\w*(?:\.get\(|\[|\.pop\()[\"']|\[[\"']provider[\"']\](?:\.get\(|\[)[\"']")
-    outside = [
-        f"{module_name(p)}:{n}: {line.strip()}"
-        for p in modules_paths()
-        if p.name != "provider_config.py"
-        for n, line in enumerate(p.read_text().splitlines(), 1)
-        if by_key.search(line)
-    ]
+    outside = lines_matching(by_key, but="provider_config.py")
     assert not outside, outside
 
 
@@ -206,13 +212,7 @@ def test_marker_kinds_are_named_only_by_their_enum() -> None:
 
     kinds = "|".join(m.value for m in Marker)
     spelled = re.compile(rf"_marker\([^)]*[\"']({kinds})[\"']|[\"'][^\"'\s]*\.({kinds})[\"']")
-    outside = [
-        f"{module_name(p)}:{n}: {line.strip()}"
-        for p in modules_paths()
-        if p.name != "markers.py"
-        for n, line in enumerate(p.read_text().splitlines(), 1)
-        if spelled.search(line)
-    ]
+    outside = lines_matching(spelled, but="markers.py")
     assert not outside, outside
 
 
