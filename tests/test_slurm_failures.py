@@ -22,7 +22,7 @@ from ray.autoscaler.tags import TAG_RAY_NODE_KIND
 from eray_provider.errors import ConfigError
 from eray_provider.plan.cluster_config import fill_config
 from eray_provider.plan.ports import choose_plan
-from eray_provider.plan.provider_config import Filled, update_filled
+from eray_provider.plan.provider_config import Filled, ProviderConfig, update_filled
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
 from eray_provider.runtime.launch import TeardownError, encode_node_ids, teardown
 from eray_provider.runtime.node_run import NodeRunError, node_id_from
@@ -252,6 +252,66 @@ def test_a_yaml_naming_an_ended_job_is_no_stale_cache_inside_another_job(
     update_filled(stale, job_id_from_config=False)
     with pytest.raises(AllocationError, match="is for job 789, but this is job 456"):
         SlurmNodeProvider(stale, "gone")
+
+    # a YAML naming no job, whose $SLURM_JOB_ID has ended: its cache is the environment's
+    # job's, so inside another job it is stale (not the YAML's own)
+    del user["provider"]["job_id"]
+    filled = SlurmNodeProvider.fillout_available_node_types_resources(prepare_config(user))
+    facts = Filled.of(filled["provider"])
+    assert "job 456" in (facts.job_gone or "") and facts.job_id_from_config is False
+    filled["provider"]["_config_cache_path"] = cache
+    write_private(cache, filled)
+    monkeypatch.setenv("SLURM_JOB_ID", "457")
+    with pytest.raises(AllocationError, match="is for job 456, but this is job 457"):
+        SlurmNodeProvider(filled["provider"], "gone")
+    assert not Path(cache).exists()  # the stale cache is removed
+
+
+def test_a_section_an_earlier_release_filled_is_read_not_refused() -> None:
+    """A Ray config cache or a saved cluster config written before the provider's facts
+    moved under ``provider._eray`` (their keys among the user's, ``_eray_filled`` set)."""
+    old = {
+        "type": "external",
+        "_eray_filled": True,
+        "elastic": True,
+        "allocation": {"job_id": "7", "nodes": []},
+        "job_id": "7",
+        "job_id_from_config": True,
+        "_eray_cache_path": "/tmp/ray-config-x",
+        "_config_cache_path": "/tmp/ray-config-x",
+        "worker_setup_commands": ["echo w"],
+        "disable_node_updaters": True,
+        "end_stagger_s": 30,
+    }
+    facts = Filled.of(old)
+    assert facts.elastic and facts.job_id_from_config and facts.cache_path == "/tmp/ray-config-x"
+    assert facts.allocation == {"job_id": "7", "nodes": []} and facts.worker_setup_commands == ("echo w",)
+    settings = ProviderConfig.from_dict(old)
+    assert settings.elastic and settings.end_stagger_s == 30 and settings.job_id == "7"
+
+
+def test_a_request_check_tells_a_refusal_from_no_answer(
+    bindir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sbatch --test-only`` refusing is SLURM's verdict (its words, without sbatch's
+    prefix); sbatch not answering is no verdict, and says so."""
+    from eray_provider.plan.sbatch import SbatchRequest
+    from eray_provider.runtime.slurm_jobs import check_request
+
+    request = SbatchRequest(cpus_per_node=1, partition="nope")
+    fake(bindir, "sbatch", 'echo "sbatch: error: invalid partition specified: nope" >&2\nexit 1\n')
+    with pytest.raises(SlurmCommandError) as e:
+        check_request(request, "available_node_types.cpu", os.environ)
+    assert str(e.value) == (
+        "available_node_types.cpu: SLURM refuses this request (--nodes=1 --ntasks-per-node=1 "
+        "--cpus-per-task=1 --partition=nope): invalid partition specified: nope"
+    )
+    monkeypatch.setenv("ERAY_SLURM_TIMEOUT", "1")
+    fake(bindir, "sbatch", "sleep 5\n")
+    with pytest.raises(
+        SlurmCommandError, match=r"cpu: sbatch --test-only failed: .*did not answer within 1 s"
+    ):
+        check_request(request, "available_node_types.cpu", os.environ)
 
 
 def test_a_job_that_ended_is_a_cluster_error_not_bad_input(bindir, capsys) -> None:

@@ -620,7 +620,7 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _forget_failed_replacements(self, markers: frozenset[str]) -> None:
         """Forget the pairs whose replacement ended before it was handed over
-        (``walltime.failed_replacements``): the old node, shown all along, is replaced
+        (``drain.failed_replacements``): the old node, shown all along, is replaced
         again ``REPLACE_RETRY_SECONDS`` later, while its end is still ahead."""
         self._elastic_view()  # computes the pairs and the alive workers
         handed = [i for i in self._replacements if Marker.HANDOVER.file(i) in markers]
@@ -643,7 +643,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         the autoscaler until its ``node_run`` stands by (or the old one is gone or
         drained); then the old node is hidden, and drained once the replacement's Ray has
         joined (``end_watch``): the autoscaler counts one node of each pair throughout
-        (``walltime.paired_visibility``).
+        (``drain.paired_visibility``).
 
         A job is replaced only whole, and only while every node of it is a plain
         running worker: none terminated (the autoscaler let a node of a multi-node job
@@ -841,7 +841,7 @@ class SlurmJobProvider(SlurmNodeProvider):
             self._head_log(self.job_id).unlink(missing_ok=True)
 
     def _signal_lead(self, request: SbatchRequest) -> float:
-        """The ``--signal`` lead of a worker job (``walltime.worker_lead``)."""
+        """The ``--signal`` lead of a worker job (``drain.worker_lead``)."""
         try:
             limit = parse_duration(request.time) if request.time else None
         except WalltimeError:

@@ -43,6 +43,7 @@ from ..plan.node_spec import worker_types
 from ..plan.provider_config import (
     Filled,
     ProviderConfig,
+    elastic_module,
     is_filled,
     ray_cache_path,
     set_ray_cache_path,
@@ -110,8 +111,13 @@ def gone_cluster(cluster_config: dict[str, Any], job: str, error: JobGoneError, 
     friends then report it gone rather than fail. ``job_id_from_config`` as for a running
     job: a YAML naming the job is never taken for a stale cache of another one."""
     logger.warning("%s: the cluster on it is gone", error)
+    from_config = (
+        ProviderConfig.from_dict(
+            cluster_config["provider"], elastic=elastic_module(cluster_config["provider"])
+        ).job_id
+        is not None
+    )  # the user's section: gone_config writes the job it names into it
     filled = gone_config(cluster_config, job, str(error))
-    from_config = ProviderConfig.from_dict(filled["provider"]).job_id is not None
     update_filled(filled["provider"], job_id_from_config=from_config, cache_path=cache)
     return filled
 

@@ -13,7 +13,7 @@
   group is left running.
 - ``drain_notice()`` in a rank, ``ProcessGroup(on_drain=...)`` in the driver: a node of
   the group is being drained because its SLURM job nears its end or is preempted
-  (``walltime``): time to checkpoint.
+  (``plan.drain``): time to checkpoint.
 - ``actor_options(rank, world_size)``: options for your own actors; the runtime hook the
   provider installs on every node (``eray_provider.jax.hook``) initializes
   ``jax.distributed`` in such an actor before its ``__init__`` runs.

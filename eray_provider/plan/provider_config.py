@@ -51,6 +51,8 @@ DEFAULT_AUTOSCALER_INTERVAL_S = 1
 DEFAULT_HEAD_START_TIMEOUT_S = 900.0
 #: Where the provider keeps its own facts in a section it has filled (``Filled``).
 OWN = "_eray"
+#: How releases before 2026-12-06 marked a filled section (their facts among the user's keys).
+LEGACY_FILLED = "_eray_filled"
 #: Ray's own keys of an external provider, the user's to write.
 RAY_KEYS = ("type", "module")
 #: Ray's launcher keys the provider sets (Ray reads them); never in a YAML.
@@ -234,7 +236,7 @@ class ProviderConfig:
         naming the key and quoting the value."""
         if not isinstance(provider, Mapping):
             raise ClusterConfigError(f"provider must be a mapping, got {provider!r}")
-        filled = OWN in provider
+        filled = is_filled(provider)
         elastic = is_elastic(provider) if elastic is None else elastic
         if not filled:  # the user's: checked whole once, when it is filled
             _refuse_unknown(provider, elastic)
@@ -332,8 +334,10 @@ class Filled:
 
     @classmethod
     def of(cls, provider: Mapping[str, Any]) -> Filled:
-        """The provider's facts of a filled section (all defaults for one not filled)."""
-        own = provider.get(OWN) or {}
+        """The provider's facts of a filled section (all defaults for one not filled). A
+        section an earlier release filled (a Ray config cache left in /tmp, the saved
+        config of a cluster started before an upgrade) kept them among the user's keys."""
+        own = provider.get(OWN) or (_legacy_facts(provider) if LEGACY_FILLED in provider else {})
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in own.items() if k in known}
         if "worker_setup_commands" in values:
@@ -350,8 +354,19 @@ class Filled:
 
 def is_filled(provider: Mapping[str, Any]) -> bool:
     """Whether the provider has filled this section (filling is idempotent: Ray calls the
-    provider's fillout more than once)."""
-    return OWN in provider
+    provider's fillout more than once), in this release or an earlier one."""
+    return OWN in provider or LEGACY_FILLED in provider
+
+
+def _legacy_facts(provider: Mapping[str, Any]) -> dict[str, Any]:
+    """``Filled``'s fields as an earlier release kept them, among the user's keys."""
+    renamed = {"_eray_cache_path": "cache_path"}
+    names = {f.name for f in fields(Filled)}
+    return {
+        renamed.get(key, key): value
+        for key, value in provider.items()
+        if renamed.get(key, key) in names and key != "cache_path"
+    }
 
 
 def put_filled(provider: dict[str, Any], facts: Filled) -> None:

@@ -4,14 +4,14 @@
 cluster's life (``node_run`` starts it and stops it by PID). Every ``WATCH_SECONDS`` it
 lists the alive Ray nodes with their ``slurm-job`` labels (one GCS call) and the user's
 jobs (one ``squeue``), and drains through Ray's drain API every node whose job ends
-within the lead, the job's end as the deadline (``walltime.due_drains``): a fixed
+within the lead, the job's end as the deadline (``drain.due_drains``): a fixed
 allocation's nodes together, each elastic worker by its own job. The lead of a job is at
 most half its time limit. A failed squeue leaves every node as it is (it is no verdict),
 and the watcher tries again next round.
 
 Each round it also drains each elastic worker whose replacement
 (``replace_before_end_s``) has joined Ray. With ``--replaced`` (the cluster replaces its
-workers ahead of their end) a worker's lead is half the lead (``walltime.worker_lead``):
+workers ahead of their end) a worker's lead is half the lead (``drain.worker_lead``):
 its replacement comes first, and the handover drains it as soon as the replacement has
 joined.
 
@@ -76,7 +76,7 @@ def job_ends(
 ) -> tuple[dict, dict]:
     """(job -> end, job -> lead) for the ``wanted`` jobs squeue listed; a time that cannot
     be read is said and left unknown. ``replaced``: the jobs that are replaced ahead of
-    their end (``walltime.worker_lead``)."""
+    their end (``drain.worker_lead``)."""
     ends: dict[str, float | None] = {}
     leads: dict[str, float] = {}
     for job in wanted & set(jobs):
@@ -244,7 +244,7 @@ def hand_over(
     drained: set[str],
 ) -> None:
     """Drain each node whose replacement (elastic ``replace_before_end_s``) has joined Ray
-    (``walltime.replaced_drains``), unless it was drained already (for its job's end, or
+    (``drain.replaced_drains``), unless it was drained already (for its job's end, or
     at SLURM's signal). The provider showed the replacement to the autoscaler in its
     place before the replacement started Ray."""
     for drain in replaced_drains(nodes, successors, ends, time.time()):

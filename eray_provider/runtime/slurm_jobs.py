@@ -17,7 +17,7 @@ from pathlib import Path
 from ..plan.modules import NODE_RUN
 from ..plan.names import is_cluster_job
 from ..plan.sbatch import SbatchRequest
-from ..slurm.client import SlurmAnswerError, SlurmCommandError, run_sbatch, run_slurm
+from ..slurm.client import SlurmAnswerError, SlurmCommandError, SlurmFailedError, run_sbatch, run_slurm
 from ..slurm.squeue import SQUEUE_FORMAT, JobInfo, parse_squeue
 from ..slurm.walltime import END_SIGNAL
 
@@ -89,11 +89,13 @@ def check_request(request: SbatchRequest, where: str, env: Mapping[str, str]) ->
     argv = sbatch_argv(request, "eray-check", Path("/dev/null"), test_only=True)
     try:
         run_sbatch(argv, "#!/bin/bash\ntrue\n", env)
-    except SlurmCommandError as e:
-        detail = str(e).split(": ", 1)[-1].replace("sbatch: error: ", "")
+    except SlurmFailedError as e:  # SLURM's verdict on the request
+        detail = e.detail.replace("sbatch: error: ", "")
         raise SlurmCommandError(
             f"{where}: SLURM refuses this request ({' '.join(request.argv())}): {detail}"
         ) from e
+    except SlurmCommandError as e:  # no verdict: sbatch could not be run or did not answer
+        raise SlurmCommandError(f"{where}: sbatch --test-only failed: {e}") from e
 
 
 def user_jobs(ended_too: bool = False, timeout: float | None = None) -> dict[str, JobInfo]:

@@ -54,7 +54,16 @@ class SlurmCommandError(ClusterError):
     """A SLURM command failed, timed out or is not installed: not a verdict about the job."""
 
 
-class SlurmAnswerError(SlurmCommandError):
+class SlurmFailedError(SlurmCommandError):
+    """A SLURM command ran and exited non-zero; ``detail`` is what it printed. From a read,
+    not a verdict (the controller may be overloaded); from ``sbatch``, its refusal."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class SlurmAnswerError(SlurmFailedError):
     """SLURM answered that the job or step does not exist (any more) or has ended
     (one of ``ANSWERS``): the caller may act on it."""
 
@@ -113,14 +122,16 @@ def _run_once(
         )
     except FileNotFoundError as e:
         raise SlurmCommandError(f"{args[0]} is not installed or not on PATH") from e
+    except OSError as e:
+        raise SlurmCommandError(f"{args[0]} could not be run: {e}") from e
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip()
         message = f"{' '.join(args)} failed (exit {proc.returncode}): {detail}"
         if any(answer in detail for answer in ANSWERS):
-            raise SlurmAnswerError(message)
-        raise SlurmCommandError(message)
+            raise SlurmAnswerError(message, detail)
+        raise SlurmFailedError(message, detail)
     return proc.stdout
 
 

@@ -23,7 +23,7 @@ salloc_forms() {  # name, srun's arguments for one task, salloc's arguments...
 salloc_forms typed "-N1 -n1" -N3 -c3 --gpus-per-node=testgpu:1 --mem=1500 --time=30:00
 salloc_forms het "--het-group=0 -N1 -n1" -N2 -c2 --mem-per-cpu=500 : -N1 -c1 --gpus-per-node=2 --mem=700
 
-# squeue in the form the elastic provider reads (plan/sbatch.py SQUEUE_FORMAT), a running and a pending job
+# squeue in the form the elastic provider reads (slurm/squeue.py SQUEUE_FORMAT), a running and a pending job
 running=$(sbatch --parsable -J eray.forms.head -c1 --mem=100 -o /dev/null --time=10:00 --wrap "sleep 300")
 pending=$(sbatch --parsable -J eray.forms.1.cpu -c1 --mem=100 -o /dev/null --hold --wrap "sleep 300")
 for _ in $(seq 1 100); do
