@@ -638,7 +638,7 @@ class SlurmJobProvider(SlurmNodeProvider):
 
     def _replace_ending(self, jobs: dict[str, JobInfo]) -> None:
         """Submit a replacement for each running worker job that ends within
-        ``provider.replace_before_end_s`` (staggered: ``walltime.replacement_leads``), so
+        ``provider.replace_before_end_s`` (staggered: ``drain.replacement_leads``), so
         that its capacity is back before it is lost. The replacement stays hidden from
         the autoscaler until its ``node_run`` stands by (or the old one is gone or
         drained); then the old node is hidden, and drained once the replacement's Ray has
