@@ -54,6 +54,19 @@ HEAD_READY_TIMEOUT = 300.0
 STEP_GRACE_SECONDS = 30.0
 #: Seconds the temp dir cleanup (one srun over the nodes) may take.
 CLEANUP_TIMEOUT = 120.0
+#: The cleanup's ``gone DIR...``: removes the dirs, again for up to 20 s while they come
+#: back (a Ray process of a cancelled step that SLURM has not killed yet may still write
+#: its logs there), then lists what is left and fails.
+REMOVE_DIRS = """gone() {
+  for _ in $(seq 40); do
+    rm -rf -- "$@" 2>/dev/null
+    left=0; for d in "$@"; do [ -e "$d" ] && left=1; done
+    [ "$left" = 0 ] && return 0
+    sleep 0.5
+  done
+  ls -la -- "$@" >&2; return 1
+}
+"""
 #: Seconds the port probe (one srun over the nodes) may take.
 PROBE_TIMEOUT = 120.0
 #: Probe rounds before giving up (4, 16, 64, 256... blocks: more than any port space holds).
@@ -583,8 +596,10 @@ def _remove_temp_dirs(state: ClusterState) -> None:
             per_node.setdefault(node, []).extend(paths)
     if not per_node:
         return
-    lines = [f"  {shlex.quote(n)}) rm -rf -- {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]
-    script = state.save_file("cleanup.sh", 'case "$SLURMD_NODENAME" in\n' + "\n".join(lines) + "\nesac\n")
+    lines = [f"  {shlex.quote(n)}) gone {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]
+    script = state.save_file(
+        "cleanup.sh", REMOVE_DIRS + 'case "$SLURMD_NODENAME" in\n' + "\n".join(lines) + "\nesac\n"
+    )
     nodes = sorted(per_node)
     name = step_name(state.cluster_name, "cleanup")
     argv = srun_argv(state.job_id, nodes, ["bash", str(script)], name=name)

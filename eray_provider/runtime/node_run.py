@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -49,7 +48,7 @@ from .node_logs import CapReached, collect
 from .port_probe import busy_ports, drop_dir, host_exclusions, port_open
 from .process_identity import identity
 from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
-from .shared_dir import SharedDir, is_private_dir
+from .shared_dir import SharedDir, is_private_dir, remove_tree
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
 #: start, its setup commands included, must fit in it).
@@ -588,7 +587,7 @@ def main() -> int:
             # removes it, unless another node of the cluster still runs in it
             ray_home.leave(remove=ray_home.path != keep)
         if tmp and (ray_home is None or ray_home.path != tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
         if claimed and role == "worker" and not keep:
             drop_dir(claimed)  # still empty if this node ended before its Ray ran in it
         if hold is not None:

@@ -19,6 +19,7 @@ import fcntl
 import os
 import shutil
 import stat
+import time
 
 from ..errors import ClusterError
 
@@ -99,7 +100,17 @@ class SharedDir:
             os.close(fd)
             return False  # another node of the cluster still runs in it
         try:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_tree(self.path)
         finally:
             os.close(fd)
         return True
+
+
+def remove_tree(path: str, tries: int = 10) -> None:
+    """``rm -rf``, again while it comes back: Ray processes that outlive their raylet (a
+    killed or stopped Ray) may still write their logs into it for a moment."""
+    for _ in range(tries):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.2)
