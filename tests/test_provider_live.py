@@ -143,7 +143,9 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         cluster.down()
         assert wait_gone(ray_job, "life") == []
         left = {n: node_tmp_entries(testbed, n, ray_job) for n in ("node1", "node2", "node3")}
-        what = {n: testbed.on_node(n, f"ls -laR {' '.join(d)} | head -40").stdout for n, d in left.items() if d}
+        what = {
+            n: testbed.on_node(n, f"ls -laR {' '.join(d)} | head -40").stdout for n, d in left.items() if d
+        }
         assert not what, what  # each node's private temp dirs, whatever was in them
         # the state is gone but for every node's Ray logs, the killed one's and its successor's too
         assert state_left(cluster.state_dir) == []
