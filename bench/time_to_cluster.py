@@ -61,17 +61,23 @@ host, port, want, deadline = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), fl
 while time.time() < deadline:
     try:
         socket.create_connection((host, port), timeout=1).close()
+        print("open", time.time(), flush=True)
         break
     except OSError:
         time.sleep(0.1)
 from ray._raylet import GcsClient
 from ray.core.generated.gcs_pb2 import GcsNodeInfo
 client = GcsClient(address=f"{host}:{port}")
+seen = set()
 while time.time() < deadline:
     try:
         alive = client.get_all_node_info(timeout=5, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
     except Exception:
         alive = {}
+    for info in alive.values():
+        if info.node_manager_address not in seen:
+            seen.add(info.node_manager_address)
+            print("alive", info.node_manager_address, time.time(), flush=True)
     if len(alive) >= want:
         print(time.time(), flush=True)
         sys.exit(0)
@@ -216,12 +222,46 @@ PROFILES: list[tuple[float, dict[str, float]]] = []
 
 
 def alive_at(proc: subprocess.Popen, t0: float, cpu0: float) -> float:
-    """Seconds from ``t0`` to the moment the poller saw every node alive."""
+    """Seconds from ``t0`` to the moment the poller saw every node alive; the poller's
+    events (the GCS port open, each node alive) go to ``POLLED``."""
     out, _ = proc.communicate(timeout=RUN_TIMEOUT + 30)
     LAST_CPU[0] = busy_seconds() - cpu0
     if proc.returncode != 0:
         raise BenchError(out.strip() or "the poller failed")
+    POLLED[:] = [line.split() for line in out.splitlines()[:-1]]
     return float(out.split()[-1]) - t0
+
+
+#: Each eray run's timeline (``eray_timeline``), printed with the figures.
+TIMELINES: list[str] = []
+#: The last poller's events: ``open <t>``, ``alive <address> <t>``.
+POLLED: list[list[str]] = []
+
+
+def eray_timeline(state: Path, said: list[tuple[float, str]], t0: float, ips: dict[str, str]) -> str:
+    """One ``ray up``, step by step, in seconds from its start: its own lines as it printed
+    them (login side), the port plan written, each node's step launched (its record), its
+    process started and Ray's start begun (the markers it writes, on the node), and the
+    GCS port open and each node alive (the poller). Read before the teardown."""
+    events: list[tuple[float, str]] = [(t, f"ray up: {line[:60]}") for t, line in said]
+    if (state / "ports.json").exists():
+        events.append(((state / "ports.json").stat().st_mtime, "port plan written"))
+    doc = json.loads((state / "state.json").read_text()) if (state / "state.json").exists() else {}
+    for node_id, rec in doc.get("nodes", {}).items():
+        name = rec.get("slurm_node", node_id)
+        if rec.get("launched"):
+            events.append((float(rec["launched"]), f"{name}: step launched"))
+        for kind, what in (("pid", "node process runs"), ("ip", "ray start begins")):
+            marker = state / "nodes" / f"{node_id}.{kind}"
+            if marker.exists():
+                events.append((marker.stat().st_mtime, f"{name}: {what}"))
+    by_ip = {ip: node for node, ip in ips.items()}
+    for event in POLLED:
+        if event[0] == "open":
+            events.append((float(event[1]), "GCS port open"))
+        elif event[0] == "alive":
+            events.append((float(event[2]), f"{by_ip.get(event[1], event[1])}: alive"))
+    return "\n".join(f"    {t - t0:6.2f}  {what}" for t, what in sorted(events))
 
 
 # ------------------------------------------------------------------------------ arms
@@ -234,17 +274,26 @@ def arm_eray(env: dict[str, str], job: str, nodes: list[str], cpus: int, workdir
     state = Path.home() / ".eray-provider" / f"ttc{job}-{job}"
     try:
         t0, cpu0 = time.time(), busy_seconds()
-        log = workdir / f"ray-up-{job}.log"
-        with open(log, "wb") as sink:
-            up = subprocess.Popen(["ray", "up", "-y", str(path)], env=e, stdout=sink, stderr=sink)
+        up = subprocess.Popen(
+            ["ray", "up", "-y", str(path)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        lines: list[tuple[float, str]] = []  # ray up's output, each line as it came
         returned: list[float] = []
-        waiter = threading.Thread(target=lambda: (up.wait(), returned.append(time.time())), daemon=True)
+
+        def read() -> None:
+            assert up.stdout is not None
+            for line in up.stdout:
+                lines.append((time.time(), line.rstrip()))
+            up.wait()
+            returned.append(time.time())
+
+        waiter = threading.Thread(target=read, daemon=True)
         waiter.start()
         # the GCS port is in the port plan, written before the head starts
         deadline = time.monotonic() + 120
         while not (state / "ports.json").exists():
             if time.monotonic() > deadline or up.poll() not in (None, 0):
-                raise BenchError(f"ray up wrote no port plan: {log.read_text()[-2000:]}")
+                raise BenchError(f"ray up wrote no port plan: {lines[-20:]}")
             time.sleep(0.05)
         gcs = json.loads((state / "ports.json").read_text())["gcs"]
         e.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"))
@@ -252,9 +301,14 @@ def arm_eray(env: dict[str, str], job: str, nodes: list[str], cpus: int, workdir
         seconds = alive_at(poll, t0, cpu0)
         PROFILES.append((LAST_CPU[0], process_cpu(t0)))
         waiter.join(timeout=RUN_TIMEOUT)
-        out = log.read_text()
-        if up.returncode != 0:
+        out = "\n".join(line for _, line in lines)
+        ours = [(t, line) for t, line in lines if "eray-provider" in line or "Cluster: " in line]
+        ips = {node: node_ip(env, node) for node in nodes}
+        if up.returncode != 0 or not returned:
             raise BenchError(f"ray up failed: {out[-2000:]}")
+        TIMELINES.append(
+            eray_timeline(state, ours, t0, ips) + f"\n    {returned[0] - t0:6.2f}  ray up returned"
+        )
         said = re.findall(r"eray-provider: \d+ of \d+ nodes alive", out)
         print(f"  (ray up returned at {returned[0] - t0:.1f} s: {said[-1] if said else 'no count'})")
         return seconds
@@ -387,6 +441,9 @@ def main() -> int:
         print(f"{name:9} {spread(times[name])}  ({len(times[name])} of {args.repeats} runs)")
     if PROFILES:
         print_profile()
+    if TIMELINES:
+        print("\neray: the last run, step by step (seconds from `ray up`):")
+        print(TIMELINES[-1])
     base = times.get("eray")
     if base:
         for name in chosen[1:] if chosen[0] == "eray" else chosen:
