@@ -47,6 +47,7 @@ from ..plan.names import (
     parse_worker_job_name,
     worker_job_name,
 )
+from ..plan.node_phase import LIVE, NodePhase, Slurm, end_of, marker_test, node_phase
 from ..plan.node_record import NodeRecord
 from ..plan.provider_config import ClusterConfigError, Filled, ProviderConfig, put_head_job, update_filled
 from ..plan.sbatch import SbatchRequest, elastic_node_id
@@ -272,19 +273,17 @@ class SlurmJobProvider(SlurmNodeProvider):
         was not terminated and its Ray has not ended; a job just submitted counts as
         pending until squeue lists it (at most SUBMIT_GRACE_SECONDS)."""
         rec = self._records().get(node_id)
-        markers = self.state.markers()
-        if (rec and rec.terminated) or Marker.EXIT.file(node_id) in markers:
-            return False
-        if rec and rec.requeued and Marker.RERUN.file(node_id) not in markers:
-            return False  # requeued by SLURM: hidden until it runs again
         found = self._worker_jobs().get(job)
         if found is not None:
-            return index < max(found[0].num_nodes, 1)
-        return (
-            rec is not None
-            and job not in self._jobs()  # listed but ended: gone at once
-            and time.time() - rec.created < SUBMIT_GRACE_SECONDS
-        )
+            slurm = Slurm.QUEUED if found[0].state == "PENDING" else Slurm.RUNS
+            if index >= max(found[0].num_nodes, 1):
+                slurm = Slurm.NOT_THERE  # SLURM runs fewer nodes of the job
+        else:
+            slurm = Slurm.ENDED if job in self._jobs() else Slurm.UNLISTED  # listed but ended: gone at once
+        grace = rec is not None and time.time() - rec.created < SUBMIT_GRACE_SECONDS
+        if found is None and rec is None:
+            return False
+        return end_of(rec, marker_test(node_id, self.state.markers()), slurm, grace) is None
 
     def _elastic_ids(self) -> list[str]:
         return self._elastic_view()[0]
@@ -660,15 +659,16 @@ class SlurmJobProvider(SlurmNodeProvider):
         configs = self.state.read().get("node_configs", {})
 
         def replaceable(node_id: str) -> bool:
+            """A worker of a running job that is neither ending, nor drained, nor replaced
+            already, nor a replacement that has not taken over."""
             rec = records.get(node_id)
-            return not (
-                rec is None
-                or rec.terminated
-                or rec.successor
-                or Marker.EXIT.file(node_id) in markers
-                or Marker.DRAIN.file(node_id) in markers
-                or (rec.replaces and Marker.HANDOVER.file(node_id) not in markers)
-            )
+            if rec is None or rec.successor:
+                return False
+            has = marker_test(node_id, markers)
+            if rec.replaces and not has(Marker.HANDOVER):
+                return False
+            phase = node_phase(rec, has, Slurm.RUNS)  # the caller takes running jobs only
+            return phase in LIVE and phase is not NodePhase.DRAINING
 
         ending = []
         self._planned_ends = {j: e for j, e in self._planned_ends.items() if j in jobs}

@@ -38,6 +38,7 @@ from ray.autoscaler.tags import (
 from ..plan.cluster_config import fill_config, gone_config
 from ..plan.markers import Marker
 from ..plan.names import check_cluster_name
+from ..plan.node_phase import Slurm, end_of, marker_test
 from ..plan.node_record import NodeRecord, tags_match
 from ..plan.node_spec import worker_types
 from ..plan.provider_config import (
@@ -259,15 +260,16 @@ class SlurmNodeProvider(NodeProvider):
         return steps
 
     def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps) -> bool:
-        if rec.terminated or Marker.EXIT.file(node_id) in markers:
-            return False
-        if not rec.launched:
-            return True  # created, start command not run yet
+        """A node of the allocation lives while ``node_phase`` says so: SLURM's word is the
+        listing of the job's steps (None: the job has ended; ``UNKNOWN``: no answer yet)."""
         if steps is None:
-            return False  # SLURM says the job has ended
-        if steps is UNKNOWN or rec.step_name in steps:
-            return True
-        return time.time() - rec.launched < STEP_GRACE_SECONDS
+            slurm = Slurm.ENDED
+        elif steps is UNKNOWN:
+            slurm = Slurm.UNKNOWN
+        else:
+            slurm = Slurm.RUNS if rec.step_name in steps else Slurm.UNLISTED
+        grace = time.time() - rec.launched < STEP_GRACE_SECONDS
+        return end_of(rec, marker_test(node_id, markers), slurm, grace) is None
 
     def _alive_ids(self) -> list[str]:
         """Ids of live nodes; recomputed only when the records, markers or steps changed."""

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from .markers import Marker
+from .node_phase import NodePhase, Slurm, marker_test, node_phase
 
 #: Nodes named in one line; the rest are counted.
 NAMED = 6
@@ -24,15 +25,16 @@ NAMED = 6
 MIN_GAP_SECONDS = 2.0
 
 
+#: How ``ray up`` says what a node it waits for is doing (other phases by their name).
+_SAID = {NodePhase.RUNNING: "Ray starting", NodePhase.LAUNCHED: "step not started"}
+
+
 def why_missing(node_id: str, markers: Collection[str], exits: Mapping[str, str]) -> str:
     """One missing node's stage, from the names of its markers: pure."""
     if node_id in exits:
         return f"exited, exit {exits[node_id]}"
-    if Marker.IP.file(node_id) in markers:
-        return "Ray starting"
-    if Marker.TMPDIR.file(node_id) in markers:
-        return "setting up"
-    return "step not started"
+    phase = node_phase(None, marker_test(node_id, markers), Slurm.UNKNOWN)
+    return _SAID.get(phase, phase.value)
 
 
 def progress_line(alive: int, total: int, missing: Sequence[tuple[str, str]], named: int = NAMED) -> str:
