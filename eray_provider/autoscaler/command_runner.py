@@ -203,7 +203,7 @@ class SrunCommandRunner(CommandRunnerInterface):
             self._fail(cmd, code, exit_on_fail)
         return ""
 
-    def run_rsync_up(self, source: str, target: str, options: dict | None = None) -> None:
+    def run_rsync_up(self, source: str, target: str, options: dict[str, Any] | None = None) -> None:
         """Copy a local file or directory to the node through srun's stdin (no rsync, no ssh)."""
         src = os.path.expanduser(source)
         dest = _remote_path(target.rstrip("/") if len(target) > 1 else target)
@@ -217,7 +217,7 @@ class SrunCommandRunner(CommandRunnerInterface):
             unpack = f'mkdir -p "$(dirname {dest})" && cat > {dest}.eray-$$ && mv -f {dest}.eray-$$ {dest}'
         self._pipe(pack, self._argv(self._shell(unpack, None)), f"copy {source} to {target}")
 
-    def run_rsync_down(self, source: str, target: str, options: dict | None = None) -> None:
+    def run_rsync_down(self, source: str, target: str, options: dict[str, Any] | None = None) -> None:
         """Copy a file or directory from the node to a local path."""
         src = _remote_path(source.rstrip("/") if len(source) > 1 else source)
         dest = os.path.expanduser(target)
@@ -247,5 +247,5 @@ class SrunCommandRunner(CommandRunnerInterface):
     def remote_shell_command_str(self) -> str:
         return " ".join(shlex.quote(a) for a in self._argv(["bash", "-l"], pty=True)) + "\n"
 
-    def run_init(self, *, as_head: bool, file_mounts: dict[str, str], sync_run_yet: bool):
+    def run_init(self, *, as_head: bool, file_mounts: dict[str, str], sync_run_yet: bool) -> None:
         return None

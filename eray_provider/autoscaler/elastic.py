@@ -23,6 +23,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
@@ -79,7 +80,7 @@ from ..slurm.scontrol import ENDS, PREEMPTED_REQUEUE
 from ..slurm.squeue import JobInfo
 from ..slurm.srun import clean_env, job_state
 from ..slurm.walltime import WalltimeError, cut_short, parse_duration, parse_timestamp
-from .provider import Answers, SlurmNodeProvider, gone_cluster, start_fillout
+from .provider import Answers, SlurmNodeProvider, StepNames, gone_cluster, start_fillout
 from .views import LiveView, Memo, ReadOnlyTags
 
 logger = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         return out
 
     # ------------------------------------------------------------------ node view
-    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps) -> bool:
+    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps: StepNames | None) -> bool:
         if rec.elastic:
             return False  # worker jobs are judged by _elastic_ids
         return super()._alive(node_id, rec, markers, steps)
@@ -330,7 +331,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         """Replacement node id -> the node it replaces, of the pairs the records hold."""
         return {i: r.replaces for i, r in self._records().items() if r.replaces}
 
-    def _round_inputs(self) -> tuple:
+    def _round_inputs(self) -> tuple[Any, ...]:
         return (*super()._round_inputs(), self._elastic_ids(), self._worker_jobs())
 
     def _compute_answers(  # type: ignore[override]
@@ -387,7 +388,7 @@ class SlurmJobProvider(SlurmNodeProvider):
         return node_id
 
     # ------------------------------------------------------------------ create
-    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
         gone = Filled.of(self.provider_config).job_gone
         if gone:
             raise JobGoneError(f"cannot start a cluster: {gone}")
@@ -853,7 +854,7 @@ class SlurmJobProvider(SlurmNodeProvider):
     def _drain_lead(self) -> float:
         return self.settings.drain_before_end_s
 
-    def _head_log(self, job: str):
+    def _head_log(self, job: str) -> Path:
         return self.state.base / f"{self.cluster_name}-head-{job}.log"
 
 

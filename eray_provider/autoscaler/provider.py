@@ -81,6 +81,8 @@ STEP_CACHE_SECONDS = 5.0
 #: The step list before squeue has answered once: launched nodes count as alive, because
 #: a failed squeue is not SLURM saying they ended (a second head would follow).
 UNKNOWN: dict[str, str] = {}
+#: a listing of the job's steps by name (step name -> step id), as ``_step_names`` keys it
+StepNames = Mapping[str, str]
 #: Seconds the srun that signals one node's process may take.
 SIGNAL_TIMEOUT = 60.0
 #: How long Ray's updater thread is held once `ray up` is stopped: the main thread's exit
@@ -259,7 +261,7 @@ class SlurmNodeProvider(NodeProvider):
             self._steps = (time.monotonic(), steps)
         return steps
 
-    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps) -> bool:
+    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps: StepNames | None) -> bool:
         """A node of the allocation lives while ``node_phase`` says so: SLURM's word is the
         listing of the job's steps (None: the job has ended; ``UNKNOWN``: no answer yet)."""
         if steps is None:
@@ -280,14 +282,16 @@ class SlurmNodeProvider(NodeProvider):
         ``is_terminated``); one pass over the records per change, whatever N."""
         return self._live.get(self._alive_inputs, self._compute_alive)
 
-    def _alive_inputs(self) -> tuple:
+    def _alive_inputs(self) -> tuple[Any, ...]:
         records = self._records()
         markers = self.state.markers()
         needs_steps = any(r.launched and not r.terminated for r in records.values())
         steps = self._job_steps() if needs_steps else {}
         return records, markers, self._step_names(steps) if steps else steps
 
-    def _compute_alive(self, records, markers, steps) -> list[str]:
+    def _compute_alive(
+        self, records: Mapping[str, NodeRecord], markers: frozenset[str], steps: StepNames | None
+    ) -> list[str]:
         return [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
 
     def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
@@ -317,7 +321,7 @@ class SlurmNodeProvider(NodeProvider):
             )
         ]
 
-    def _round_inputs(self) -> tuple:
+    def _round_inputs(self) -> tuple[Any, ...]:
         return self._alive_ids(), self._records()
 
     def _compute_answers(self, alive: list[str], records: Mapping[str, NodeRecord]) -> Answers:
@@ -379,7 +383,7 @@ class SlurmNodeProvider(NodeProvider):
             )
         return Allocation.from_dict(dict(facts.allocation))
 
-    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int):
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
         gone = Filled.of(self.provider_config).job_gone
         if gone:
             raise JobGoneError(f"cannot start a cluster: {gone}")

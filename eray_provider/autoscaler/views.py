@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import monotonic
-from typing import Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ..runtime.cluster_state import READ_FRESH_SECONDS
 
 T = TypeVar("T")
 
 
-class ReadOnlyTags(dict):
+class ReadOnlyTags(dict[str, str]):
     """A node's tags as ``node_tags`` hands them out from a round's answers: a real dict
     (reads, ``json.dumps``, ``dict(...)`` and ``.copy()`` as usual) that refuses to be
     changed, because it is shared by every call until the answers change. Handing out a
@@ -32,7 +32,7 @@ class ReadOnlyTags(dict):
 
     __slots__ = ()
 
-    def _refuse(self, *_args, **_kwargs):
+    def _refuse(self, *_args: Any, **_kwargs: Any) -> NoReturn:
         raise TypeError("node_tags() returns read-only tags: copy them, or change them with set_node_tags()")
 
     __setitem__ = __delitem__ = __ior__ = _refuse
@@ -50,10 +50,10 @@ class Memo(Generic[T]):
     __slots__ = ("_inputs", "_value")
 
     def __init__(self) -> None:
-        self._inputs: tuple | None = None
+        self._inputs: tuple[Any, ...] | None = None
         self._value: T | None = None
 
-    def get(self, inputs: tuple, compute: Callable[..., T]) -> T:
+    def get(self, inputs: tuple[Any, ...], compute: Callable[..., T]) -> T:
         held = self._inputs
         if held is None or len(held) != len(inputs) or any(a is not b for a, b in zip(held, inputs)):
             self._value = compute(*inputs)
@@ -76,7 +76,7 @@ class LiveView:
         self._stamp = 0.0
 
     def get(
-        self, inputs: Callable[[], tuple], compute: Callable[..., list[str]]
+        self, inputs: Callable[[], tuple[Any, ...]], compute: Callable[..., list[str]]
     ) -> tuple[list[str], frozenset[str]]:
         now = monotonic()
         if self._view is not None and now - self._stamp < READ_FRESH_SECONDS:
