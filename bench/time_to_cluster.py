@@ -243,7 +243,7 @@ def eray_timeline(state: Path, said: list[tuple[float, str]], t0: float, ips: di
     them (login side), the port plan written, each node's step launched (its record), its
     process started and Ray's start begun (the markers it writes, on the node), and the
     GCS port open and each node alive (the poller). Read before the teardown."""
-    events: list[tuple[float, str]] = [(t, f"ray up: {line[:60]}") for t, line in said]
+    events: list[tuple[float, str]] = [(t, f"ray up: {line.split(' -- ', 1)[-1][:70]}") for t, line in said]
     if (state / "ports.json").exists():
         events.append(((state / "ports.json").stat().st_mtime, "port plan written"))
     doc = json.loads((state / "state.json").read_text()) if (state / "state.json").exists() else {}
