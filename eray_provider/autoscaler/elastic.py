@@ -140,14 +140,14 @@ class SlurmJobProvider(SlurmNodeProvider):
         self._replacements: frozenset[str] = frozenset()
         self._standing_by: frozenset[str] = frozenset()
         self._alive_workers: frozenset[str] = frozenset()
-        if ProviderConfig.from_dict(provider_config).job_id:
+        self.settings = ProviderConfig.from_dict(provider_config)
+        if self.settings.job_id:
             super().__init__(provider_config, cluster_name)
             return
         # the head's job was not running when the config was filled (maybe in a cached
         # config): `ray up` submits it in create_node
         NodeProvider.__init__(self, provider_config, cluster_name)
-        self._check_cached_config(provider_config)
-        self.settings = ProviderConfig.from_dict(provider_config)
+        self._check_cached_config(provider_config, None)
         self.python = self.settings.python or "python3"
         self._bind(NO_JOB)
         head = _live_head_job(cluster_name)
@@ -275,6 +275,8 @@ class SlurmJobProvider(SlurmNodeProvider):
         pending until squeue lists it (at most SUBMIT_GRACE_SECONDS)."""
         rec = self._records().get(node_id)
         found = self._worker_jobs().get(job)
+        if found is None and rec is None:
+            return False
         if found is not None:
             slurm = Slurm.QUEUED if found[0].state == "PENDING" else Slurm.RUNS
             if index >= max(found[0].num_nodes, 1):
@@ -282,8 +284,6 @@ class SlurmJobProvider(SlurmNodeProvider):
         else:
             slurm = Slurm.ENDED if job in self._jobs() else Slurm.UNLISTED  # listed but ended: gone at once
         grace = rec is not None and time.time() - rec.created < SUBMIT_GRACE_SECONDS
-        if found is None and rec is None:
-            return False
         return end_of(rec, marker_test(node_id, self.state.markers()), slurm, grace) is None
 
     def _elastic_ids(self) -> list[str]:

@@ -150,13 +150,13 @@ class SlurmNodeProvider(NodeProvider):
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
-        job = ProviderConfig.from_dict(provider_config).job_id
+        self.settings = ProviderConfig.from_dict(provider_config)
+        job = self.settings.job_id
         if not job:
             raise AllocationError("provider.job_id is missing: the config was not bootstrapped")
-        self._check_cached_config(provider_config)
-        self.settings = ProviderConfig.from_dict(provider_config)
+        self._check_cached_config(provider_config, job)
         self.python = self.settings.python or "python3"
-        self._bind(str(job))
+        self._bind(job)
         if Filled.of(provider_config).job_gone:
             # SLURM ended every process of the job; what is left is our bookkeeping
             self.state.remove()
@@ -180,12 +180,12 @@ class SlurmNodeProvider(NodeProvider):
         self._answers = {}
 
     @staticmethod
-    def _check_cached_config(provider_config: dict[str, Any]) -> None:
+    def _check_cached_config(provider_config: dict[str, Any], job: str | None) -> None:
         """Ray caches bootstrapped configs in /tmp keyed by the YAML's content, so a cache
         written in one job would silently be reused in the next. The cache is removed when
         this process exits, a cache that is not provably ours (``config_cache``) is
         refused, and a cache from another job (a crash, an older version) is refused and
-        removed."""
+        removed. ``job``: the section's ``provider.job_id``."""
         cache = ray_cache_path(provider_config)
         if not cache:
             return
@@ -197,7 +197,6 @@ class SlurmNodeProvider(NodeProvider):
             _CACHES_TO_REMOVE.add(cache)
             atexit.register(_unlink_quietly, cache)
         env_job = job_id_from_env(os.environ)
-        job = ProviderConfig.from_dict(provider_config).job_id
         if not Filled.of(provider_config).job_id_from_config and env_job not in (None, job):
             _unlink_quietly(cache)
             raise AllocationError(
@@ -376,12 +375,7 @@ class SlurmNodeProvider(NodeProvider):
 
     # ------------------------------------------------------------------ create / terminate
     def _allocation(self) -> Allocation:
-        facts = Filled.of(self.provider_config)
-        if facts.allocation is None:
-            raise AllocationError(
-                "the provider config names no allocation: it was not filled for a running job"
-            )
-        return Allocation.from_dict(dict(facts.allocation))
+        return Filled.of(self.provider_config).head_allocation()
 
     def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
         gone = Filled.of(self.provider_config).job_gone

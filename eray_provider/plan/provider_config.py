@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..slurm.allocation import Allocation
 from .drain import (
     DEFAULT_DRAIN_LEAD_SECONDS,
     DEFAULT_REPLACE_LEAD_SECONDS,
@@ -55,14 +56,15 @@ OWN = "_eray"
 LEGACY_FILLED = "_eray_filled"
 #: Ray's own keys of an external provider, the user's to write.
 RAY_KEYS = ("type", "module")
+#: Ray's key naming its config cache of a YAML.
+RAY_CACHE_KEY = "_config_cache_path"
 #: Ray's launcher keys the provider sets (Ray reads them); never in a YAML.
 RAY_SET_KEYS = {
     "disable_node_updaters": "workers are started by the provider",
     "use_internal_ips": "nodes are reached at their addresses",
     "disable_launch_config_check": "a node's config never changes",
-    "_config_cache_path": "Ray's config cache, made private by the provider",
+    RAY_CACHE_KEY: "Ray's config cache, made private by the provider",
 }
-RAY_CACHE_KEY = "_config_cache_path"
 #: The keys of elastic clusters only: in a fixed cluster's YAML they would do nothing.
 ELASTIC_KEYS = (
     "sbatch",
@@ -344,6 +346,13 @@ class Filled:
             values["worker_setup_commands"] = tuple(values["worker_setup_commands"])
         return cls(**values)
 
+    def head_allocation(self) -> Allocation:
+        """The head's job as SLURM gave it; ``ClusterConfigError`` when the section was
+        filled before that job ran (or not by the provider)."""
+        if self.allocation is None:
+            raise ClusterConfigError("the provider config names no allocation (not filled for a running job)")
+        return Allocation.from_dict(dict(self.allocation))
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["worker_setup_commands"] = list(self.worker_setup_commands)
@@ -359,14 +368,9 @@ def is_filled(provider: Mapping[str, Any]) -> bool:
 
 
 def _legacy_facts(provider: Mapping[str, Any]) -> dict[str, Any]:
-    """``Filled``'s fields as an earlier release kept them, among the user's keys."""
-    renamed = {"_eray_cache_path": "cache_path"}
-    names = {f.name for f in fields(Filled)}
-    return {
-        renamed.get(key, key): value
-        for key, value in provider.items()
-        if renamed.get(key, key) in names and key != "cache_path"
-    }
+    """The section as an earlier release kept ``Filled``'s fields, among the user's keys
+    (``Filled.of`` takes those it knows)."""
+    return {"cache_path" if key == "_eray_cache_path" else key: value for key, value in provider.items()}
 
 
 def put_filled(provider: dict[str, Any], facts: Filled) -> None:

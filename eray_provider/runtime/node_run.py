@@ -474,7 +474,7 @@ def main() -> int:
             alloc = load_allocation(own_job)
             node_plan = local_port_plan(own_job)
         else:
-            alloc = Allocation.from_dict(dict(facts.allocation or {}))
+            alloc = facts.head_allocation()
             node_plan = plan
         ip = pick_ip(settings.network)
         shim = None if settings.bind_all_interfaces else shim_path()

@@ -32,7 +32,7 @@ from ..plan.environment import CLIENT_VARIABLES
 from ..plan.markers import Marker
 from ..plan.names import safe_part
 from ..plan.provider_config import Filled
-from ..slurm.allocation import Allocation, AllocationError
+from ..slurm.allocation import AllocationError
 from ..slurm.client import FALLBACK_CLUSTER, SlurmCommandError, cluster_name, load_allocation
 from ..slurm.env import in_srun_step, node_name, step_instance
 from ..slurm.srun import job_state
@@ -146,8 +146,7 @@ def _start(
         nodes = list(layout.nodes if start_workers else layout.nodes[:1])
         alloc = load_allocation(layout.job_id)
         provider = job_cluster_config(alloc, state.cluster_name, {"nodes": nodes})["provider"]
-        chosen = Allocation.from_dict(dict(Filled.of(provider).allocation or {}))
-        address = start_cluster(state, chosen, provider, timeout)
+        address = start_cluster(state, Filled.of(provider).head_allocation(), provider, timeout)
     except Exception as e:
         state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         (state.dir / _FAILED_FILE).write_text(str(e))
