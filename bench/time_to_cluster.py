@@ -1,6 +1,7 @@
 """Wall time from a granted allocation to every node alive in Ray, arm beside arm.
 
-Arms, each in an allocation of its own of ``--nodes`` nodes on the SLURM test bed:
+Arms, each in an allocation of its own of ``--nodes`` nodes on the SLURM test bed (several
+sizes, ``--nodes 3,6``, run in the same rounds):
 
 (a) ``eray``: ``ray up`` with eray-provider (readiness checked, every node started at
     once, ``ray up`` returning when all have joined);
@@ -17,10 +18,11 @@ the arm, that waits for the GCS port and then asks the GCS for its alive nodes e
 0.2 s, so no arm pays a Python start per poll. The clock starts when the arm's first
 command is run (the allocation is granted before). Each arm runs ``--repeats`` times, in
 an order that alternates from round to round; round 0 is a warm-up (page cache, imports)
-reported apart and left out of the figures. Printed per arm: min / median / max, and the
-ratios of medians against (a).
+reported apart and left out of the figures. Printed per arm and size: min / median / max,
+the ratios of medians against (a), and with several sizes (a)'s median at the largest over
+the smallest.
 
-    python bench/time_to_cluster.py [--nodes 3] [--repeats 3] [--cpus 1] [--cpu-quota Q]
+    python bench/time_to_cluster.py [--nodes 3[,6]] [--repeats 3] [--cpus 1] [--cpu-quota Q]
                                     [--arms eray,template,nosleep,bare]
 
 Run as root with the test bed up (``scripts/slurm-testbed up --nodes N [--cpu-quota Q]``).
@@ -46,7 +48,7 @@ from pathlib import Path
 
 import yaml
 
-from eray_provider.plan.modules import GCS_PROBE, NODE_RUN
+from eray_provider.plan.modules import GCS_PROBE, NODE_RUN, RAY_GATE
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "scripts" / "slurm-testbed"
@@ -176,7 +178,7 @@ LAST_CPU: list[float] = [0.0]
 #: What a process started during a run is, by its command line (first match wins).
 KINDS = (
     ("ray up (the launcher CLI)", ("bin/ray up",)),
-    ("ray start (CLI, per node)", ("bin/ray start",)),
+    ("ray start (CLI, per node)", ("bin/ray start", RAY_GATE)),
     ("gcs_server", ("gcs_server",)),
     ("raylet", ("raylet/raylet",)),
     ("dashboard (head)", ("dashboard/dashboard.py",)),
@@ -217,8 +219,8 @@ def process_cpu(since: float) -> dict[str, float]:
     return out
 
 
-#: Per-kind CPU seconds of every profiled run.
-PROFILES: list[tuple[float, dict[str, float]]] = []
+#: Per-kind CPU seconds of every profiled run: (nodes, the machine's, per kind).
+PROFILES: list[tuple[int, float, dict[str, float]]] = []
 
 
 def alive_at(proc: subprocess.Popen, t0: float, cpu0: float) -> float:
@@ -229,13 +231,17 @@ def alive_at(proc: subprocess.Popen, t0: float, cpu0: float) -> float:
     if proc.returncode != 0:
         raise BenchError(out.strip() or "the poller failed")
     POLLED[:] = [line.split() for line in out.splitlines()[:-1]]
+    alive = [float(e[2]) for e in POLLED if e[0] == "alive"]
+    FIRST_ALIVE[0] = min(alive) - t0 if alive else None
     return float(out.split()[-1]) - t0
 
 
-#: Each eray run's timeline (``eray_timeline``), printed with the figures.
-TIMELINES: list[str] = []
+#: Each eray run's timeline (``eray_timeline``) by its number of nodes; the last printed.
+TIMELINES: dict[int, str] = {}
 #: The last poller's events: ``open <t>``, ``alive <address> <t>``.
 POLLED: list[list[str]] = []
+#: When the last poller saw its first node (the head) alive, seconds from the run's start.
+FIRST_ALIVE: list[float | None] = [None]
 
 
 def eray_timeline(state: Path, said: list[tuple[float, str]], t0: float, ips: dict[str, str]) -> str:
@@ -299,14 +305,14 @@ def arm_eray(env: dict[str, str], job: str, nodes: list[str], cpus: int, workdir
         e.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"))
         poll = poller(e, node_ip(env, nodes[0]), gcs, len(nodes))
         seconds = alive_at(poll, t0, cpu0)
-        PROFILES.append((LAST_CPU[0], process_cpu(t0)))
+        PROFILES.append((len(nodes), LAST_CPU[0], process_cpu(t0)))
         waiter.join(timeout=RUN_TIMEOUT)
         out = "\n".join(line for _, line in lines)
         ours = [(t, line) for t, line in lines if "eray-provider" in line or "Cluster: " in line]
         ips = {node: node_ip(env, node) for node in nodes}
         if up.returncode != 0 or not returned:
             raise BenchError(f"ray up failed: {out[-2000:]}")
-        TIMELINES.append(
+        TIMELINES[len(nodes)] = (
             eray_timeline(state, ours, t0, ips) + f"\n    {returned[0] - t0:6.2f}  ray up returned"
         )
         said = re.findall(r"eray-provider: \d+ of \d+ nodes alive", out)
@@ -375,14 +381,19 @@ def wait_ended(env: dict[str, str], job: str, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-def print_profile() -> None:
-    """Where the eray runs' CPU went, from ``ray up`` to every node alive (medians)."""
+def print_profile(nodes: int) -> None:
+    """Where the eray runs' CPU went at ``nodes`` nodes, from ``ray up`` to every node alive
+    (medians)."""
     kinds = [k for k, _ in KINDS] + ["other"]
-    total = statistics.median(t for t, _ in PROFILES)
-    print(f"\neray: CPU-seconds by process, start to every node alive (median of {len(PROFILES)} runs):")
+    runs = [(t, p) for n, t, p in PROFILES if n == nodes]
+    total = statistics.median(t for t, _ in runs)
+    print(
+        f"\neray, {nodes} nodes: CPU-seconds by process, start to every node alive "
+        f"(median of {len(runs)} runs):"
+    )
     seen = 0.0
     for kind in kinds:
-        value = statistics.median(p.get(kind, 0.0) for _, p in PROFILES)
+        value = statistics.median(p.get(kind, 0.0) for _, p in runs)
         seen += value
         if value >= 0.05:
             print(f"  {value:6.2f}  {kind}")
@@ -398,7 +409,7 @@ def spread(values: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--nodes", default="3", help="nodes per allocation; several sizes: 3,6")
     ap.add_argument("--repeats", type=int, default=3, help="measured rounds, after one warm-up round")
     ap.add_argument("--cpus", type=int, default=1, help="CPUs per node of each allocation")
     ap.add_argument("--head-sleep", type=float, default=10.0)
@@ -414,42 +425,60 @@ def main() -> int:
     }
     chosen = [a for a in args.arms.split(",") if a]
     unknown = [a for a in chosen if a not in arms]
-    if unknown or args.repeats < 1 or args.nodes < 2:
-        ap.error(f"--arms {args.arms!r} (known: {', '.join(ARMS)}), --repeats >= 1, --nodes >= 2")
     try:
-        env = testbed_env(args.nodes, args.cpu_quota)
+        sizes = [int(n) for n in args.nodes.split(",")]
+    except ValueError:
+        sizes = []
+    if unknown or args.repeats < 1 or not sizes or min(sizes) < 2:
+        ap.error(
+            f"--arms {args.arms!r} (known: {', '.join(ARMS)}), --repeats >= 1, "
+            f"--nodes {args.nodes!r} (sizes of 2 or more, comma-separated)"
+        )
+    try:
+        env = testbed_env(max(sizes), args.cpu_quota)
     except BenchError as e:
         print(f"time_to_cluster: {e}", file=sys.stderr)
         return 2
     slurm = subprocess.run(["scontrol", "--version"], env=env, capture_output=True, text=True).stdout.strip()
     quota = f"{args.cpu_quota:g} CPU per node" if args.cpu_quota else "no CPU quota (nodes share the cores)"
-    print(f"time to cluster, {args.nodes} nodes x {args.cpus} CPU, {args.repeats} rounds + 1 warm-up")
+    shown_sizes = " and ".join(map(str, sizes))
+    print(f"time to cluster, {shown_sizes} nodes x {args.cpus} CPU, {args.repeats} rounds + 1 warm-up")
     print(f"{slurm}, {quota}, {time.strftime('%Y-%m-%d')}")
-    times: dict[str, list[float]] = {a: [] for a in chosen}
+    runs = [(name, n) for n in sizes for name in chosen]
+    times: dict[tuple[str, int], list[float]] = {run: [] for run in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.repeats + 1):
-            order = chosen if rnd % 2 == 0 else chosen[::-1]
-            for name in order:
-                seconds = run_arm(name, arms[name], env, args.nodes, args.cpus, Path(tmp))
+            for name, n in runs if rnd % 2 == 0 else runs[::-1]:
+                seconds = run_arm(name, arms[name], env, n, args.cpus, Path(tmp))
                 label = "warm-up" if rnd == 0 else f"round {rnd}"
-                shown = f"{seconds:6.1f} s  ({LAST_CPU[0]:5.1f} CPU-s)" if seconds is not None else "failed"
-                print(f"  {label:8} {name:9} {shown}", flush=True)
+                shown = "failed"
+                if seconds is not None:
+                    head = f"{FIRST_ALIVE[0]:4.1f} s" if FIRST_ALIVE[0] is not None else "?"
+                    shown = f"{seconds:6.1f} s  ({LAST_CPU[0]:5.1f} CPU-s, head alive at {head})"
+                print(f"  {label:8} {name:9} {n:3} nodes {shown}", flush=True)
                 if rnd > 0 and seconds is not None:
-                    times[name].append(seconds)
+                    times[name, n].append(seconds)
     print()
-    for name in chosen:
-        print(f"{name:9} {spread(times[name])}  ({len(times[name])} of {args.repeats} runs)")
-    if PROFILES:
-        print_profile()
-    if TIMELINES:
-        print("\neray: the last run, step by step (seconds from `ray up`):")
-        print(TIMELINES[-1])
-    base = times.get("eray")
-    if base:
-        for name in chosen[1:] if chosen[0] == "eray" else chosen:
-            if name != "eray" and times[name]:
-                ratio = statistics.median(base) / statistics.median(times[name])
-                print(f"ratio of medians eray / {name}: {ratio:.2f}")
+    for name, n in runs:
+        print(
+            f"{name:9} {n:3} nodes {spread(times[name, n])}  ({len(times[name, n])} of {args.repeats} runs)"
+        )
+    for n in sizes:
+        if any(size == n for size, _, _ in PROFILES):
+            print_profile(n)
+        if n in TIMELINES:
+            print(f"\neray, {n} nodes: the last run, step by step (seconds from `ray up`):")
+            print(TIMELINES[n])
+    print()
+    for n in sizes:
+        base = times.get(("eray", n))
+        for name in chosen:
+            if base and name != "eray" and times[name, n]:
+                ratio = statistics.median(base) / statistics.median(times[name, n])
+                print(f"ratio of medians eray / {name} at {n} nodes: {ratio:.2f}")
+    if "eray" in chosen and len(sizes) > 1 and times["eray", sizes[0]] and times["eray", sizes[-1]]:
+        ratio = statistics.median(times["eray", sizes[-1]]) / statistics.median(times["eray", sizes[0]])
+        print(f"ratio of medians eray at {sizes[-1]} nodes / at {sizes[0]} nodes: {ratio:.2f}")
     return 0
 
 

@@ -21,7 +21,7 @@ import pytest
 from testbed_support import wait_until
 
 from eray_provider.plan.environment import NodeLaunch
-from eray_provider.plan.modules import NODE_RUN, python_m
+from eray_provider.plan.modules import NODE_RUN, RAY_GATE, python_m
 from eray_provider.plan.ports import plan_for_block
 from eray_provider.plan.provider_config import Filled, put_filled
 from eray_provider.runtime.cluster_state import ClusterState
@@ -67,11 +67,30 @@ def _start(state: ClusterState, replaces: str | None = None) -> tuple[subprocess
     return proc, node_id
 
 
-def _stop_and_check(state: ClusterState, proc: subprocess.Popen, node_id: str) -> None:
+def _gates(pid: int) -> list[int]:
+    """The node process's children that are its Ray CLI waiting to be told its line
+    (``runtime.ray_gate``)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    found = []
+    for child in children:
+        try:
+            if RAY_GATE in Path(f"/proc/{child}/cmdline").read_bytes().decode().replace("\0", " "):
+                found.append(int(child))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def _stop_and_check(state: ClusterState, proc: subprocess.Popen, node_id: str, gate: bool = True) -> None:
+    """Stops the node process and checks what it leaves: with ``gate``, its Ray CLI is
+    loading meanwhile (after the setup commands, never during them) and must end with it."""
     _node, dirs = state.temp_dirs(node_id)
     assert dirs and all(Path(d).is_dir() for d in dirs), dirs
+    gates = _gates(proc.pid)
+    assert len(gates) == (1 if gate else 0), gates
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
+    assert not [g for g in gates if Path(f"/proc/{g}").exists()], "the gate outlived the node process"
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert state.read_marker(node_id, "exit") == str(128 + signal.SIGTERM), out
     assert "stopped by SIGTERM before its Ray ran" in out, out
@@ -83,7 +102,7 @@ def test_sigterm_during_the_setup_commands(tmp_path) -> None:
     proc, node_id = _start(state)
     try:
         wait_until("its setup command", (tmp_path / "setup").exists, proc, timeout=60)
-        _stop_and_check(state, proc, node_id)
+        _stop_and_check(state, proc, node_id, gate=False)
     finally:
         proc.kill()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 
 import pytest
@@ -11,7 +10,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from eray_provider.autoscaler.command_runner import _exports, _remote_path, split_ray_stop
 from eray_provider.plan.cluster_config import LAUNCH_HEAD, fill_config, gone_config
-from eray_provider.plan.node_spec import HEAD_TYPE, StartSpec, memory_split, worker_types
+from eray_provider.plan.node_spec import HEAD_TYPE, StartSpec, memory_split, start_env, worker_types
 from eray_provider.plan.ports import choose_plan
 from eray_provider.plan.provider_config import ClusterConfigError, Filled
 from eray_provider.slurm.allocation import Allocation, NodeShare
@@ -126,8 +125,8 @@ def test_start_line_pins_every_port_and_never_binds_all_interfaces() -> None:
         "slurm_node:g1": 1.0,
     }
     # metrics export off by default: its endpoint answers without the token
-    assert spec.env() == {**plan.ray_env(), "RAY_enable_metrics_collection": "0"}
-    assert dataclasses.replace(spec, metrics_export=True).env() == plan.ray_env()
+    assert start_env(plan, False) == {**plan.ray_env(), "RAY_enable_metrics_collection": "0"}
+    assert start_env(plan, True) == plan.ray_env()
     worker = StartSpec(ALLOC.nodes[2], "77", "worker", "10.0.0.6", plan, "/t", head_address="10.0.0.5:1")
     assert "--address=10.0.0.5:1" in worker.argv() and "--head" not in worker.argv()
     with pytest.raises(ValueError, match="head's address"):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from eray_provider.plan.modules import GCS_PROBE
+from eray_provider.plan.modules import GCS_PROBE, RAY_GATE, python_m
 from eray_provider.plan.provider_config import ProviderConfig
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
 from eray_provider.runtime.launch import AliveWatch, LaunchError
-from eray_provider.runtime.node_run import NodeRunError, wait_for_head
+from eray_provider.runtime.node_run import NodeRunError, head_node_poll, wait_for_head
 
 
 def _state(tmp_path: Path) -> ClusterState:
@@ -252,3 +252,29 @@ def test_a_node_record_round_trips_and_refuses_what_it_does_not_know() -> None:
         NodeRecord.from_dict("n1.3", {"tags": {}})
     with pytest.raises(ClusterError, match="not 'boss'"):
         NodeRecord("boss")
+
+
+def test_the_ray_gate_runs_nothing_until_told_and_then_becomes_ray(tmp_path: Path) -> None:
+    """A worker's Ray CLI loads while the node waits for the head (``runtime.ray_gate``):
+    ended without its line it runs nothing; told one, it is ``ray`` with those arguments
+    in the same process (the variables and the head wait: the live tests)."""
+    import json
+
+    import ray
+
+    gate = subprocess.Popen(python_m(sys.executable, RAY_GATE), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = gate.communicate(b"", timeout=120)
+    assert gate.returncode == 0 and out == b""
+    # `ray --version` shows that the line became Ray's argv
+    gate = subprocess.Popen(python_m(sys.executable, RAY_GATE), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    go = {"argv": ["--version"], "env": {"ERAY_TEST_GATE": "1"}, "head_wait": None}
+    out, _ = gate.communicate(json.dumps(go).encode() + b"\n", timeout=120)
+    assert gate.returncode == 0, out
+    assert ray.__version__ in out.decode()
+
+
+def test_workers_ask_for_the_head_node_at_a_bounded_rate() -> None:
+    assert head_node_poll(3) == 0.2
+    for nodes in (3, 200, 201, 2000, 10000):
+        assert nodes / head_node_poll(nodes) <= 1000.0 + 1e-9
+    assert head_node_poll(2000) == 2.0  # Ray's own rate there

@@ -11,6 +11,8 @@ PORT_PROBE = "eray_provider.runtime.port_probe"
 GCS_PROBE = "eray_provider.runtime.gcs_probe"
 NODE_LOGS = "eray_provider.runtime.node_logs"
 RELAY = "eray_provider.runtime.relay"
+#: a node's ``ray`` CLI, loaded before its arguments are known
+RAY_GATE = "eray_provider.runtime.ray_gate"
 BIND_SHIM = "eray_provider.runtime._bindshim"
 #: ``module.function`` paths that Ray imports on every node
 RUNTIME_ENV_HOOK = "eray_provider.jax.hook.runtime_env_hook"
@@ -26,7 +28,7 @@ LAZY = {
     "RayClusterConfig": "eray_provider.runtime.ray_cluster",
     "eSlurmCluster": "eray_provider.jax.slurm_cluster",  # imports JAX
 }
-RUN_AS_PROCESS = (NODE_RUN, END_WATCH, PORT_PROBE, GCS_PROBE, NODE_LOGS, RELAY)
+RUN_AS_PROCESS = (NODE_RUN, END_WATCH, PORT_PROBE, GCS_PROBE, NODE_LOGS, RELAY, RAY_GATE)
 
 
 def python_m(python: str, module: str, *args: str) -> list[str]:

@@ -114,9 +114,6 @@ class StartSpec:
     object_store_fraction: float = DEFAULT_OBJECT_STORE_FRACTION
     autoscaling_config: str | None = None
     node_index: int | None = None
-    #: Prometheus metrics export (``provider.metrics_export``): off by default, because the
-    #: endpoint answers anyone who can reach the node's address, without the token
-    metrics_export: bool = False
     #: when the node's job ends (epoch seconds), for the ``slurm-end-time`` label
     end_time: float | None = None
 
@@ -151,15 +148,21 @@ class StartSpec:
         args += self.plan.ray_start_args()
         return args
 
-    def env(self) -> dict[str, str]:
-        env = dict(self.plan.ray_env())
-        if not self.metrics_export:
-            # the dashboard agent then never opens the metrics export port
-            env["RAY_enable_metrics_collection"] = "0"
-        return env
-
     def shell(self) -> str:
         return " ".join(shlex.quote(a) for a in self.argv())
+
+
+def start_env(plan: PortPlan, metrics_export: bool) -> dict[str, str]:
+    """The variables of a node's ``ray start`` beside its arguments: the plan's ports that
+    have no flag, and Prometheus metrics export (``provider.metrics_export``) off unless
+    asked for, because that endpoint answers anyone who can reach the node's address,
+    without the token. Nothing here depends on the head, so a worker's Ray gets them
+    before the head is known (``runtime.ray_gate``)."""
+    env = dict(plan.ray_env())
+    if not metrics_export:
+        # the dashboard agent then never opens the metrics export port
+        env["RAY_enable_metrics_collection"] = "0"
+    return env
 
 
 def node_type_config(shares: list[NodeShare], job_id: str, fraction: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ A node of a cluster that is being stopped (``ray down`` has begun) exits at once
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -24,14 +25,15 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..errors import ClusterError, ConfigError
 from ..plan import environment
 from ..plan.environment import ClusterEnv, NodeLaunch, hide_slurm, host_of
 from ..plan.markers import Marker
-from ..plan.modules import END_WATCH, python_m
+from ..plan.modules import END_WATCH, RAY_GATE, python_m
 from ..plan.names import ray_temp_dir
-from ..plan.node_spec import StartSpec
+from ..plan.node_spec import StartSpec, start_env
 from ..plan.ports import PortPlan, candidates, choose_plan, held_ranges
 from ..plan.provider_config import Filled, ProviderConfig
 from ..plan.sbatch import elastic_node_id
@@ -47,13 +49,17 @@ from .loopback_hold import LoopbackHold, hold_loopback
 from .node_logs import CapReached, collect
 from .port_probe import busy_ports, drop_dir, host_exclusions, port_open
 from .process_identity import identity
-from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
+from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD, WORKER_WAITS_FOR_HEAD_NODE
 from .shared_dir import SharedDir, is_private_dir, remove_tree
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
 #: start, its setup commands included, must fit in it).
 HEAD_WAIT_SECONDS = 600.0
 HEAD_POLL_SECONDS = 0.25
+#: How long a worker's gate waits for the head's raylet after the GCS opened, before Ray's
+#: own wait (about 40 s more) takes over: seconds at a third of a CPU, a minute on a
+#: machine that starts many nodes at once.
+HEAD_NODE_WAIT_SECONDS = 60.0
 #: How long an elastic replacement stands by for the autoscaler to show it (``stand_by``).
 STANDBY_SECONDS = 900.0
 #: How long the head's autoscaler lets a node of a fixed allocation take to run Ray (an
@@ -371,9 +377,33 @@ def start_spec(
         object_store_fraction=settings.object_store_fraction,
         autoscaling_config=autoscaling_config,
         node_index=alloc.node_names.index(node_name),
-        metrics_export=settings.metrics_export,
         end_time=alloc.end_time,
     )
+
+
+def head_node_poll(nodes: int) -> float:
+    """How often a starting worker asks the GCS for the head node (``runtime.ray_gate``):
+    every 0.2 s, less often from 200 nodes on, so that the workers of one cluster ask about
+    1,000 times a second together at most (Ray's own asking, every 2 s, reaches that rate
+    at 2,000 nodes)."""
+    return max(0.2, nodes / 1000)
+
+
+def _go(
+    gate: subprocess.Popen[bytes], args: list[str], env: dict[str, str], head_wait: dict[str, Any] | None
+) -> subprocess.Popen[bytes]:
+    """Tells the gate (``runtime.ray_gate``) its ``ray`` arguments, the variables that name
+    the head and whether to wait for the head node: from here on it is this node's Ray. A
+    gate that already ended (Ray's CLI failed to load) is returned as it is, and its exit
+    code is the node's."""
+    assert gate.stdin is not None
+    go = {"argv": args, "env": env, "head_wait": head_wait}
+    try:
+        gate.stdin.write(json.dumps(go).encode() + b"\n")
+        gate.stdin.close()
+    except BrokenPipeError:
+        pass
+    return gate
 
 
 def _supervise(
@@ -462,6 +492,7 @@ def main() -> int:
     watcher: subprocess.Popen | None = None
     drains: list[subprocess.Popen] = []
     hold: LoopbackHold | None = None
+    gate: subprocess.Popen[bytes] | None = None
     try:
         config = state.cluster_config()
         provider = config["provider"]
@@ -502,10 +533,29 @@ def main() -> int:
             jax_ports=(plan.jax_first, plan.jax_count),
         )
         ray_env = ray_environment(env, cluster, tmp, node_id, n_workers)
-        head_address = None
         if role == "worker":
             # while the head starts (a cluster of fixed nodes starts every node at once)
             _run_setup(list(facts.worker_setup_commands), ray_env)
+        ray_env.update(start_env(node_plan, settings.metrics_export))
+        if not settings.bind_all_interfaces:
+            if shim:
+                ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
+                check_preloaded(shim, ray_env)
+            else:
+                print(
+                    "eray-provider: warning: the bind shim was not built (no C compiler at install "
+                    "time?): Ray's gRPC servers listen on all interfaces (token-protected)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if role == "head":
+            ray_env.update(head_environment(settings))
+        # Ray's CLI loads while this node waits for the head (runtime.ray_gate)
+        gate = subprocess.Popen(
+            python_m(sys.executable, RAY_GATE), env=hide_slurm(ray_env), stdin=subprocess.PIPE
+        )
+        head_address = None
+        if role == "worker":
             head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
         # the dir Ray runs in, shared on this host with any other node of the cluster whose
         # Ray takes the same path (before Ray 2.55 every worker takes the head's)
@@ -526,35 +576,19 @@ def main() -> int:
             settings,
             autoscaling,
         )
-        ray_env.update(spec.env())
-        if not settings.bind_all_interfaces:
-            if shim:
-                ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
-                check_preloaded(shim, ray_env)
-            else:
-                print(
-                    "eray-provider: warning: the bind shim was not built (no C compiler at install "
-                    "time?): Ray's gRPC servers listen on all interfaces (token-protected)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        if role == "head":
-            ray_env.update(head_environment(settings))
-        ray_env.update(
-            replace(cluster, head_ip=ip if role == "head" else host_of(str(head_address))).to_env()
-        )
+        head_env = replace(cluster, head_ip=ip if role == "head" else host_of(str(head_address))).to_env()
+        ray_env.update(head_env)
         state.write_marker(node_id, Marker.IP, ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
-        argv = spec.argv()
-        # the `ray` of this Python's environment, also when its bin dir is not on PATH
-        beside = os.path.join(os.path.dirname(sys.executable), "ray")
-        if os.access(beside, os.X_OK):
-            argv[0] = beside
         if launch.replaces:
             stand_by(state, node_id, launch.replaces)
         state.check_launchable()  # a teardown that began while this step started wins
-        proc = subprocess.Popen(argv, env=hide_slurm(ray_env), stdin=subprocess.DEVNULL)
-        _ray.append(proc)
+        _ray.append(gate)  # a stop from here on is passed to it
+        head_wait = None
+        if role == "worker" and WORKER_WAITS_FOR_HEAD_NODE:
+            poll = head_node_poll(len(alloc.nodes))
+            head_wait = {"address": head_address, "interval": poll, "timeout": HEAD_NODE_WAIT_SECONDS}
+        proc = _go(gate, spec.argv()[1:], head_env, head_wait)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = settings.drain_before_end_s
         replaced = settings.elastic and settings.replace_before_end_s > 0
@@ -571,6 +605,9 @@ def main() -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _noted)
+        if gate is not None and not _ray:
+            gate.kill()  # it has run nothing of Ray yet
+            gate.wait()
         for helper in [watcher, *drains]:
             if helper is not None:
                 _stop_helper(helper)

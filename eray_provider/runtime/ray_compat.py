@@ -19,6 +19,11 @@ by reading the releases' own code, 2.52.0 to 2.60.0:
   own host (``ray/scripts/scripts.py``, ``start``). ``node_run`` then makes that path
   itself, private (``shared_dir``: other nodes of the cluster on the host may share it,
   and the last to end removes it).
+- ``WORKER_WAITS_FOR_HEAD_NODE``: from 2.55 a worker's ``ray start`` asks the GCS for the
+  head *node* (its temp dir) before it starts its raylet, every 2 s until the head's raylet
+  has registered (``ray/_private/node.py``, ``get_all_node_info_until_retrieved``); before,
+  it needs only the GCS. ``runtime.ray_gate`` then waits for the head node itself, asking
+  more often, so that Ray's first ask finds it.
 - ``AGENT_HTTP_TOKEN_CHECK``: from 2.54 the dashboard agent's HTTP server checks the token
   (``ray/dashboard/http_server_agent.py``). Before, it takes jobs from anyone who can reach
   it (``POST /api/job_agent/jobs/``, the head node's agent), which ``require_supported_ray``
@@ -129,6 +134,8 @@ def require_supported_ray() -> None:
 CONFIG_CACHE_DIGEST = "sha256" if RAY_VERSION[:2] >= (2, 54) else "sha1"
 #: A worker's Ray runs in the head's temp dir path, whatever ``--temp-dir`` says.
 WORKER_TEMP_DIR_FROM_HEAD = RAY_VERSION[:2] < (2, 55)
+#: the same release's other side (see the module's docstring)
+WORKER_WAITS_FOR_HEAD_NODE = not WORKER_TEMP_DIR_FROM_HEAD
 #: The dashboard agent's HTTP server refuses requests without the token.
 AGENT_HTTP_TOKEN_CHECK = RAY_VERSION[:2] >= AGENT_HTTP_TOKEN_SINCE
 
