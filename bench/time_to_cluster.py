@@ -194,10 +194,11 @@ KINDS = (
 )
 
 
-def process_cpu(since: float) -> dict[str, float]:
+def process_cpu(since: float, node: str | None = None) -> dict[str, float]:
     """CPU seconds per kind of every live process started after ``since`` (wall clock):
     on the test bed all nodes share this machine's PID namespace, so this is every
-    process the run started, on every node. Ended ones are counted as the remainder."""
+    process the run started, on every node. Ended ones are counted as the remainder.
+    With ``node``, only the processes in that node's cpu cgroup (``--cpu-quota``)."""
     hz = os.sysconf("SC_CLK_TCK")
     with open("/proc/uptime") as f:
         boot = time.time() - float(f.read().split()[0])  # to 10 ms (btime is whole seconds)
@@ -214,9 +215,19 @@ def process_cpu(since: float) -> dict[str, float]:
         # a few ms early
         if boot + int(fields[19]) / hz < since - 0.1 or pid == str(os.getpid()):
             continue
+        if node is not None and not _in_node(pid, node):
+            continue
         kind = next((k for k, marks in KINDS if any(m in cmd for m in marks)), "other")
         out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / hz
     return out
+
+
+def _in_node(pid: str, node: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return any(line.rstrip().endswith(f"/eray-testbed/{node}") for line in f)
+    except OSError:
+        return False
 
 
 #: Per-kind CPU seconds of every profiled run: (nodes, the machine's, per kind).
@@ -233,6 +244,7 @@ def alive_at(proc: subprocess.Popen, t0: float, cpu0: float) -> float:
     POLLED[:] = [line.split() for line in out.splitlines()[:-1]]
     alive = [float(e[2]) for e in POLLED if e[0] == "alive"]
     FIRST_ALIVE[0] = min(alive) - t0 if alive else None
+    HEAD_CPU[0] = sum(process_cpu(t0, HEAD_NODE[0]).values()) if HEAD_NODE[0] else None
     return float(out.split()[-1]) - t0
 
 
@@ -242,6 +254,10 @@ TIMELINES: dict[int, str] = {}
 POLLED: list[list[str]] = []
 #: When the last poller saw its first node (the head) alive, seconds from the run's start.
 FIRST_ALIVE: list[float | None] = [None]
+#: The head node of the run under way (its allocation's first), and the CPU seconds of its
+#: live processes from the run's start to every node alive (its cpu cgroup: ``--cpu-quota``)
+HEAD_NODE: list[str | None] = [None]
+HEAD_CPU: list[float | None] = [None]
 
 
 def eray_timeline(state: Path, said: list[tuple[float, str]], t0: float, ips: dict[str, str]) -> str:
@@ -363,6 +379,7 @@ def run_arm(name: str, arm: Callable, env: dict[str, str], n: int, cpus: int, wo
     job = salloc(env, 1 if name == "bare" else n, cpus, f"ttc-{name}")
     try:
         nodes = node_names(env, job)
+        HEAD_NODE[0] = nodes[0]
         return arm(env, job, nodes, cpus, workdir)
     except (BenchError, subprocess.SubprocessError) as e:
         print(f"  {name}: FAILED: {e}", flush=True)
@@ -454,7 +471,11 @@ def main() -> int:
                 shown = "failed"
                 if seconds is not None:
                     head = f"{FIRST_ALIVE[0]:4.1f} s" if FIRST_ALIVE[0] is not None else "?"
-                    shown = f"{seconds:6.1f} s  ({LAST_CPU[0]:5.1f} CPU-s, head alive at {head})"
+                    own = f"{HEAD_CPU[0]:4.1f}" if HEAD_CPU[0] is not None else "?"
+                    shown = (
+                        f"{seconds:6.1f} s  ({LAST_CPU[0]:5.1f} CPU-s, head alive at {head}, "
+                        f"head node {own} CPU-s)"
+                    )
                 print(f"  {label:8} {name:9} {n:3} nodes {shown}", flush=True)
                 if rnd > 0 and seconds is not None:
                     times[name, n].append(seconds)
