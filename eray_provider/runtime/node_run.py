@@ -3,7 +3,8 @@
 ``python -m eray_provider.runtime.node_run`` (started by the launcher for the head, by the
 head's provider for workers) picks this node's address, makes a private temp dir,
 runs the setup commands of workers, then runs ``ray start --block`` with the job's
-port plan, token and resources, and records the outcome for the provider. It forwards
+port plan, token and resources (through ``ray_gate``, which loads Ray's CLI while a
+worker waits for the head), and records the outcome for the provider. It forwards
 SIGTERM/SIGINT to Ray and, when Ray ends, copies its logs into the state dir
 (``node_logs``) and removes its temp dir.
 
