@@ -1,7 +1,7 @@
 """The package's modules that are named as strings, in one place: those run as processes
 (``python -m``) on nodes and login hosts, the hooks handed to Ray by path, the bind shim
 that node_run preloads and the providers ``eray_provider`` loads on first access. A module
-that moves is one edit here; ``tests/test_layout.py`` imports every name."""
+that moves is one edit here; ``tests/unit/test_layout.py`` imports every name."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ CONTROL_VAR = "ERAY_FAULT_DIR"
 Then = Literal["fail", "real"]
 
 _WRAPPER = r"""#!/bin/bash -p
-# Fault-injection wrapper written by tests/fault_injection.py -- not the real @@NAME@@.
+# Fault-injection wrapper written by tests/support/fault_injection.py -- not the real @@NAME@@.
 # Without an armed fault it execs the real command.
 __fi_cmd=@@CMD@@
 __fi_real=@@REAL@@

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "provider_scale.py"
+from testbed_support import REPO
+
+BENCH = REPO / "bench" / "provider_scale.py"
 
 
 def test_every_path_runs_small() -> None:

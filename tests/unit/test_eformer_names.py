@@ -69,24 +69,3 @@ def test_logical_cpu_core_count_is_slurms_count_on_this_node(monkeypatch) -> Non
         logical_cpu_core_count()
     monkeypatch.delenv("SLURM_CPUS_ON_NODE")
     assert logical_cpu_core_count() == os.cpu_count()
-
-
-@pytest.mark.slurm
-@pytest.mark.ray
-def test_a_driver_written_for_eformer_runs_with_the_import_changed(testbed, allocation) -> None:
-    import sys
-
-    from testbed_support import REPO
-
-    env = dict(testbed.env, JAX_PLATFORMS="cpu")
-    proc = testbed.run(
-        ["srun", f"--jobid={allocation}", "--overlap", "-N3", "-n3", "--ntasks-per-node=1",
-         sys.executable, "tests/drivers/eformer_style.py"],
-        env=env, timeout=420, check=False, cwd=str(REPO),
-    )  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    lines = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("EFORMER "))
-    port = 20000 + int(allocation) % 224
-    # one coordinator for all (the step's first node, DistributedConfig's port), each task's
-    # two GPUs as JAX numbers them, SLURM's CPU count, the one Ray cluster of 3 nodes
-    assert lines == [[str(i), f"node{i + 1}", f"node1:{port}", "[0,", "1]", "True", "3"] for i in range(3)]

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from ray.autoscaler._private.util import prepare_config, validate_config
+from testbed_support import REPO
 
 from eray_provider.plan.elastic_config import fill_elastic_config, head_mode
 from eray_provider.plan.node_spec import memory_split
@@ -24,7 +25,7 @@ from eray_provider.runtime.slurm_jobs import batch_script, sbatch_argv
 from eray_provider.slurm.allocation import Allocation, NodeShare
 from eray_provider.slurm.squeue import parse_squeue
 
-YAML = yaml.safe_load((Path(__file__).parent.parent / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
+YAML = yaml.safe_load((REPO / "cluster_yamls" / "slurm-autoscale.yaml").read_text())
 
 
 def test_request_to_sbatch_options_and_resources() -> None:

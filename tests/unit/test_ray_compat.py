@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import ray
 from ray.autoscaler._private import commands
+from testbed_support import REPO
 
 from eray_provider.runtime import ray_compat
 from eray_provider.runtime.ray_compat import UnsupportedRayError, check_version, parse_version
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(

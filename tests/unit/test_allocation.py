@@ -6,15 +6,13 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from testbed_support import DATA
 
 from eray_provider.slurm.allocation import Allocation, AllocationError, NodeShare, parse_gpu_spec
 from eray_provider.slurm.env import allocation_from_env
 from eray_provider.slurm.scontrol import parse_config, parse_job, parse_port_range
-
-DATA = Path(__file__).parent / "data"
 
 
 def read_env(name: str) -> dict[str, str]:

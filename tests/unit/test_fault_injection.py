@@ -1,4 +1,4 @@
-"""The fault-injection wrappers (tests/fault_injection.py) against fake SLURM commands."""
+"""The fault-injection wrappers (tests/support/fault_injection.py) against fake SLURM commands."""
 
 from __future__ import annotations
 

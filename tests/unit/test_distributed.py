@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from testbed_support import Testbed
 
 from eray_provider import DistributedConfig
 from eray_provider.jax.distributed import local_device_ids
@@ -51,23 +48,6 @@ def test_outside_a_cluster_does_nothing() -> None:
     assert DistributedConfig().initialize(env={}) is False
     with pytest.raises(AllocationError, match="coordinator_address is needed"):
         DistributedConfig(num_processes=2, process_id=0).initialize(env={})
-
-
-@pytest.mark.slurm
-def test_srun_three_tasks_get_one_jax_world(testbed: Testbed, allocation: str) -> None:
-    code = (
-        "from eray_provider import DistributedConfig; DistributedConfig(initialization_timeout=60)"
-        ".initialize(); import jax, socket; print('WORLD', jax.process_index(), jax.process_count(), "
-        "socket.gethostname(), flush=True)"
-    )
-    env = dict(testbed.env, JAX_PLATFORMS="cpu")
-    out = testbed.run(
-        ["srun", f"--jobid={allocation}", "--overlap", "-N3", "-n3", sys.executable, "-c", code],
-        env=env,
-        timeout=180,
-    ).stdout
-    rows = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("WORLD "))
-    assert rows == [["0", "3", "node1"], ["1", "3", "node2"], ["2", "3", "node3"]]
 
 
 def test_step_cluster_names_are_unique_per_srun_and_batch_steps_are_not_steps() -> None:

@@ -11,9 +11,8 @@ does, ``SLURM_JOB_END_TIME`` and ``SLURM_TRES_PER_TASK`` in a step, no
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from testbed_support import DATA
 
 from eray_provider.slurm.env import allocation_from_env
 from eray_provider.slurm.scontrol import ENDS, parse_fields, parse_job, requeue_verdict
@@ -21,7 +20,6 @@ from eray_provider.slurm.squeue import parse_squeue
 from eray_provider.slurm.step import step_layout
 from eray_provider.slurm.walltime import parse_timestamp
 
-DATA = Path(__file__).parent / "data"
 VERSIONS = ["22.05", "25.11"]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from testbed_support import REPO
 
 from eray_provider.plan.cluster_config import fill_config
 from eray_provider.plan.elastic_config import fill_elastic_config
@@ -23,7 +24,6 @@ from eray_provider.plan.provider_config import (
 )
 from eray_provider.slurm.allocation import Allocation, NodeShare
 
-REPO = Path(__file__).resolve().parents[1]
 ALLOC = Allocation("7", (NodeShare("n1", 2, memory_mb=2000), NodeShare("n2", 2, memory_mb=2000)))
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
 
 import pytest
 import yaml
 from ray.autoscaler._private import commands
 from ray.autoscaler._private.util import prepare_config
+from testbed_support import REPO
 
 from eray_provider.autoscaler.config_cache import (
     CACHE_VERSION,
@@ -20,7 +20,7 @@ from eray_provider.autoscaler.config_cache import (
     write_private,
 )
 
-CONFIG = yaml.safe_load((Path(__file__).parent.parent / "cluster_yamls" / "slurm-cluster.yaml").read_text())
+CONFIG = yaml.safe_load((REPO / "cluster_yamls" / "slurm-cluster.yaml").read_text())
 
 
 @pytest.fixture

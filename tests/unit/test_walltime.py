@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from testbed_support import REPO
 
 from eray_provider.plan.drain import (
     EndingJob,
@@ -242,9 +243,7 @@ def test_the_replacement_comes_before_the_drain_for_every_time_limit() -> None:
     for limit in (60, 100, 180, 300, 600, 1200, 3600):
         for replace, drain in ((151, 300), (600, 300), (60, 100), (11, 20)):
             assert effective_lead(replace, limit) > worker_lead(drain, limit, replaced=True), (limit, replace)
-    config = yaml.safe_load(
-        Path(__file__).parents[1].joinpath("cluster_yamls/slurm-autoscale.yaml").read_text()
-    )
+    config = yaml.safe_load(REPO.joinpath("cluster_yamls/slurm-autoscale.yaml").read_text())
     config["provider"].update(replace_before_end_s=100, drain_before_end_s=300)
     with pytest.raises(ClusterConfigError, match=r"replace_before_end_s \(100\) must be more than half"):
         fill_elastic_config(config, None)

@@ -241,3 +241,40 @@ def test_no_module_imports_itself_through_others() -> None:
         if name not in state:
             visit(name, [name])
     assert not circles, circles
+
+
+def test_the_tests_are_where_their_kind_says() -> None:
+    """``tests/unit`` holds what runs without a cluster, ``tests/live`` what needs the test
+    bed or a Ray cluster (marked ``slurm`` or ``ray``): a newcomer's ``pytest tests/unit``
+    is the per-change loop, and the markers that ``make unit`` and ``scripts/compat``
+    select by say the same thing."""
+    import subprocess
+    import sys
+
+    from testbed_support import REPO
+
+    def collected(where: str, marks: str) -> int:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--collect-only",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                marks,
+                where,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode in (0, 5), proc.stdout + proc.stderr  # 5: nothing collected
+        return sum("::" in line for line in proc.stdout.splitlines())
+
+    assert collected("tests/unit", "slurm or ray or soak") == 0
+    assert collected("tests/live", "not slurm and not ray") == 0
+    assert collected("tests/unit", "not slurm and not ray") > 400

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+#: the checkout (this file is tests/support/testbed_support.py)
+REPO = Path(__file__).resolve().parents[2]
+#: the tests' data: what each Slurm prints (``data/capture.sh``), driver scripts
+DATA = REPO / "tests" / "data"
 TESTBED = REPO / "scripts" / "slurm-testbed"
 IN_CI = os.environ.get("CI") == "true"
 
