@@ -26,17 +26,30 @@ Cluster states, in the order they are decided:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from ..slurm.forms import TERMINAL_STATES
 from ..slurm.squeue import JobInfo
 from ..slurm.walltime import format_timestamp
+from .markers import Marker
 from .names import parse_worker_job_name
+from .node_phase import NodePhase, Slurm, node_phase
 from .node_record import NodeRecord, parse_records
 from .ports import PortPlan
 from .provider_config import is_elastic
+
+#: What ``status`` says of a node: its phase (``node_phase``) as a user reads it, with
+#: Ray's word on it. ``alive``: listed alive by the head's GCS; ``not-in-ray``: live in
+#: SLURM, not (or not yet) in Ray; ``exited``: its process ended; ``pending``: its job
+#: waits in the queue (again, after a preemption: ``requeued``); ``job-ended``: SLURM
+#: says its job is over; ``unknown``: neither squeue nor the GCS could tell; an elastic
+#: worker's replacement not joined yet is ``replacing``, and the worker it replaced,
+#: once gone, ``replaced``.
+NodeState = Literal[
+    "alive", "not-in-ray", "exited", "pending", "job-ended", "unknown", "replacing", "replaced"
+]
 
 
 @dataclass(frozen=True)
@@ -47,9 +60,7 @@ class NodeStatus:
     slurm_node: str
     #: the SLURM job it runs in
     slurm_job: str
-    #: alive, not-in-ray, exited, pending, job-ended, unknown; replacing (an elastic
-    #: worker's replacement, not joined yet), replaced (gone after its replacement joined)
-    state: str
+    state: NodeState
     detail: str = ""
     #: the reason and deadline of its drain (``end_watch``), "" when not drained
     draining: str = ""
@@ -126,6 +137,7 @@ def summarize(
     *,
     drains: Mapping[str, str] | None = None,
     handovers: Iterable[str] = (),
+    markers: frozenset[str] = frozenset(),
     state_dir: str,
     token_file: str,
     logs: list[str] | None = None,
@@ -138,7 +150,9 @@ def summarize(
     ``doc`` is its ``state.json``; ``ips`` and ``exits`` map node ids to what their
     ``.ip`` and ``.exit`` markers hold (an address; the exit code of a node whose Ray
     ended), ``drains`` what their ``.drain`` markers hold (JSON), ``handovers`` the elastic
-    replacements whose Ray joined; ``provider`` the provider section of
+    replacements whose Ray joined, ``markers`` the names of all marker files
+    (``ClusterState.markers``; the kinds above are read from their own arguments);
+    ``provider`` the provider section of
     its ``cluster.json`` ({} when there is none), ``jobs`` the user's jobs by id as squeue
     listed them (None: squeue failed, ``squeue_error`` says how), ``alive`` node id ->
     address of the nodes the head's GCS lists alive (None: not asked, or no answer, as
@@ -172,9 +186,15 @@ def summarize(
     if elsewhere:
         jobs = None  # another controller's job ids (or none known here): squeue says nothing of them
     job_ended = jobs is not None and (head_job is None or not head_job.live)
+    handed = set(handovers)
+    known = {Marker.IP: ips, Marker.EXIT: exits, Marker.DRAIN: drains or {}, Marker.HANDOVER: handed}
     for node_id, rec in records.items():
-        st.nodes.append(_node(node_id, rec, job_id, exits, jobs, alive, job_ended, drains or {}))
-    st.nodes = _pairs(st.nodes, records, set(handovers))
+
+        def has(kind: Marker, node_id: str = node_id) -> bool:
+            return node_id in known.get(kind, ()) or kind.file(node_id) in markers
+
+        st.nodes.append(_node(node_id, rec, job_id, has, exits, jobs, alive, job_ended, drains or {}))
+    st.nodes = _pairs(st.nodes, records, handed)
     counted = [n for n in st.nodes if n.state not in ("replacing", "replaced")]
     st.expected = len(counted)
     if alive is not None:
@@ -243,30 +263,48 @@ def _node(
     node_id: str,
     rec: NodeRecord,
     cluster_job: str,
+    has: Callable[[Marker], bool],
     exits: Mapping[str, str],
     jobs: Mapping[str, JobInfo] | None,
     alive: Mapping[str, str] | None,
     job_ended: bool,
     drains: Mapping[str, str],
 ) -> NodeStatus:
+    """One node: its phase (``node_phase``) in the words of ``NodeState``, with the GCS's
+    word for a node that is live."""
     own_job = rec.slurm_job  # an elastic worker's job of its own
     job = jobs.get(own_job) if (jobs is not None and own_job) else None
     slurm_node = rec.slurm_node or (job.nodelist if job else "")
     draining = _drain_text(drains.get(node_id))
+    slurm = _slurm_word(own_job, job, jobs)
+    phase = node_phase(rec, has, slurm)
+    ended = f"job {own_job} {job.state if job else 'is no longer listed'}"
 
-    def node(state: str, detail: str = "") -> NodeStatus:
+    def node(state: NodeState, detail: str = "") -> NodeStatus:
         return NodeStatus(node_id, rec.role, slurm_node, own_job or cluster_job, state, detail, draining)
 
-    if own_job and jobs is not None and (job is None or not job.live):
-        return node("job-ended", f"(job {own_job} {job.state if job else 'is no longer listed'})")
-    if job is not None and job.state == "PENDING":
+    if phase is NodePhase.GONE:
+        return node("job-ended", f"({ended})")
+    if phase in (NodePhase.PENDING, NodePhase.REQUEUED) and job is not None and job.state == "PENDING":
         # a job SLURM requeued (preempted) pends again: its node comes back when it runs
         return node("pending", f"({'requeued, ' if rec.requeued else ''}{job.reason})")
-    if node_id in exits:
-        return node("exited", f"(exit {exits[node_id]})")
+    if phase is NodePhase.EXITED:
+        why = f"; {ended}" if slurm is Slurm.ENDED else ""
+        return node("exited", f"(exit {exits.get(node_id, '?')}{why})")
     if alive is None or job_ended:
         return node("unknown")
     return node("alive" if node_id in alive else "not-in-ray")
+
+
+def _slurm_word(own_job: str, job: JobInfo | None, jobs: Mapping[str, JobInfo] | None) -> Slurm:
+    """SLURM's word on an elastic worker's own job from the user's listing. A fixed node
+    runs in a step, which status does not list: no verdict (the allocation's end is the
+    cluster's state)."""
+    if jobs is None or not own_job:
+        return Slurm.UNKNOWN
+    if job is None or not job.live:
+        return Slurm.ENDED
+    return Slurm.QUEUED if job.state == "PENDING" else Slurm.RUNS
 
 
 def _drain_text(marker: str | None) -> str:

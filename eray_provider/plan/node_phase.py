@@ -93,18 +93,20 @@ class Slurm(str, Enum):
 def end_of(
     rec: NodeRecord | None, has: Callable[[Marker], bool], slurm: Slurm, within_grace: bool = False
 ) -> NodePhase | None:
-    """The phase of a node that is not live (``TERMINATED``, ``EXITED``, ``REQUEUED``,
-    ``GONE``), or None for a live one: all the autoscaler needs, at a marker lookup or two a
+    """The phase of a node that is not live (``TERMINATED``, ``REQUEUED``, ``EXITED``,
+    ``GONE``, in that order: a requeued job's node comes back although its last run
+    ended), or None for a live one: all the autoscaler needs, at a marker lookup or two a
     node. ``has(kind)``: whether the node has written that marker; ``within_grace``: its
     step or job was started so recently that SLURM may not list it yet (``UNLISTED`` is then
     no verdict). A node without a record (an elastic worker whose record was lost, adopted
     from squeue) has SLURM's word alone."""
     if rec is not None and rec.terminated:
         return NodePhase.TERMINATED
+    if rec is not None and rec.requeued and not has(Marker.RERUN) and slurm is not Slurm.ENDED:
+        # the exit marker of the run SLURM preempted stays until the job runs again
+        return NodePhase.REQUEUED
     if has(Marker.EXIT):
         return NodePhase.EXITED
-    if rec is not None and rec.requeued and not has(Marker.RERUN):
-        return NodePhase.REQUEUED
     if rec is not None and not rec.launched and not rec.elastic:
         return None  # recorded, not launched yet: nothing of SLURM's concerns it
     if slurm in (Slurm.ENDED, Slurm.NOT_THERE) or (slurm is Slurm.UNLISTED and not within_grace):

@@ -84,6 +84,7 @@ def _facts(state: ClusterState) -> dict:
         "exits": _read_markers(state, Marker.EXIT),
         "drains": _read_markers(state, Marker.DRAIN),
         "handovers": sorted(Marker.HANDOVER.node_ids(state.markers())),
+        "markers": state.markers(),
         "provider": provider,
         "plan": state.ports(),
     }

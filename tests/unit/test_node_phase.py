@@ -51,6 +51,10 @@ def test_every_phase_has_its_next_ones_and_an_end_is_never_left_for_life() -> No
         (ELASTIC, (), Slurm.NOT_THERE, True, NodePhase.GONE),  # the job runs fewer nodes
         (ELASTIC, (), Slurm.UNLISTED, True, NodePhase.LAUNCHED),  # submitted, not listed yet
         (REQUEUED, (Marker.IP,), Slurm.QUEUED, False, NodePhase.REQUEUED),
+        # preempted: its run's exit marker stays until it runs again, and it will
+        (REQUEUED, (Marker.EXIT,), Slurm.QUEUED, False, NodePhase.REQUEUED),
+        (REQUEUED, (Marker.EXIT,), Slurm.ENDED, False, NodePhase.EXITED),  # cancelled meanwhile
+        (REQUEUED, (), Slurm.ENDED, False, NodePhase.GONE),
         (REQUEUED, (Marker.RERUN,), Slurm.RUNS, False, NodePhase.LAUNCHED),  # back, not set up yet
         (ELASTIC, (Marker.IP, Marker.STANDBY), Slurm.RUNS, False, NodePhase.STANDING_BY),
         (ELASTIC, (Marker.IP, Marker.STANDBY, Marker.HANDOVER), Slurm.RUNS, False, NodePhase.RUNNING),

@@ -153,6 +153,37 @@ def test_an_elastic_cluster_shows_its_worker_jobs() -> None:
     assert "node j83-0 (83): pending (requeued, BeginTime)" in st.problems  # preempted, back later
 
 
+def test_a_preempted_worker_pends_again_and_an_ended_one_says_why() -> None:
+    """A node's state is its phase (``node_phase``): a requeued job's node whose preempted
+    run left its exit marker is pending, not exited (it comes back); a worker whose process
+    exited and whose job SLURM ended says both; one that writes its rerun marker is back."""
+    doc = _doc(
+        ("n1.1", "head", {"slurm_node": "n1"}),
+        ("j83-0", "worker", {"slurm_job": "83", "requeued": True}),
+        ("j84-0", "worker", {"slurm_job": "84"}),
+        ("j85-0", "worker", {"slurm_job": "85", "requeued": True}),
+    )
+    jobs = {
+        "77": _job("77"),
+        "83": _job("83", "PENDING", "BeginTime", nodes=""),
+        "84": _job("84", "TIMEOUT", nodes="n3"),
+        "85": _job("85", nodes="n4"),
+    }
+    exits = {"j83-0": "143", "j84-0": "0"}
+    st = _summarize(
+        doc=doc,
+        jobs=jobs,
+        exits=exits,
+        alive={"n1.1": "a"},
+        provider=ELASTIC,
+        markers=frozenset({"j85-0.rerun"}),
+    )
+    states = {n.node_id: (n.state, n.detail) for n in st.nodes}
+    assert states["j83-0"] == ("pending", "(requeued, BeginTime)")
+    assert states["j84-0"] == ("exited", "(exit 0; job 84 TIMEOUT)")
+    assert states["j85-0"] == ("not-in-ray", "")
+
+
 def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:
     """j80 is being replaced by j90 (pending); j81 was replaced by j91 (joined), drained,
     and has exited: neither pair degrades the cluster, and the drains are shown."""
