@@ -20,8 +20,19 @@ WORKER_SETUP_HOOK = "eray_provider.jax.hook.setup_worker"
 #: the same hook under its path before the package had floors (``eray_provider.jax_hook``),
 #: which the runtime envs of clusters started before then still name
 OLD_WORKER_SETUP_HOOK = "eray_provider.jax_hook.setup_worker"
-#: what ``eray_provider.<name>`` loads on first access (the providers need Ray)
+#: what ``eray_provider.<name>`` loads on first access (every public name: the providers
+#: need Ray, and a node's processes start faster without what they do not use)
 LAZY = {
+    "DistributedConfig": "eray_provider.jax.distributed",
+    "logical_cpu_core_count": "eray_provider.jax.distributed",
+    "PortPlan": "eray_provider.plan.ports",
+    "Allocation": "eray_provider.slurm.allocation",
+    "AllocationError": "eray_provider.slurm.allocation",
+    "NodeShare": "eray_provider.slurm.allocation",
+    "HostlistError": "eray_provider.slurm.hostlist",
+    "compress": "eray_provider.slurm.hostlist",
+    "expand": "eray_provider.slurm.hostlist",
+    "expand_counts": "eray_provider.slurm.hostlist",
     "SlurmNodeProvider": "eray_provider.autoscaler.provider",
     "SlurmJobProvider": "eray_provider.autoscaler.elastic",
     "auto_ray_cluster": "eray_provider.runtime.ray_cluster",
