@@ -26,7 +26,7 @@ Cluster states, in the order they are decided:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -189,10 +189,7 @@ def summarize(
     handed = set(handovers)
     known = {Marker.IP: ips, Marker.EXIT: exits, Marker.DRAIN: drains or {}, Marker.HANDOVER: handed}
     for node_id, rec in records.items():
-
-        def has(kind: Marker, node_id: str = node_id) -> bool:
-            return node_id in known.get(kind, ()) or kind.file(node_id) in markers
-
+        has = _marker_test(node_id, known, markers)
         st.nodes.append(_node(node_id, rec, job_id, has, exits, jobs, alive, job_ended, drains or {}))
     st.nodes = _pairs(st.nodes, records, handed)
     counted = [n for n in st.nodes if n.state not in ("replacing", "replaced")]
@@ -294,6 +291,14 @@ def _node(
     if alive is None or job_ended:
         return node("unknown")
     return node("alive" if node_id in alive else "not-in-ray")
+
+
+def _marker_test(
+    node_id: str, known: Mapping[Marker, Collection[str]], markers: frozenset[str]
+) -> Callable[[Marker], bool]:
+    """``has`` for ``node_phase``: the kinds read with their values (``known``: node ids by
+    kind) and the names of the other marker files."""
+    return lambda kind: node_id in known.get(kind, ()) or kind.file(node_id) in markers
 
 
 def _slurm_word(own_job: str, job: JobInfo | None, jobs: Mapping[str, JobInfo] | None) -> Slurm:

@@ -392,11 +392,11 @@ def head_node_poll(nodes: int) -> float:
 
 def _go(
     gate: subprocess.Popen[bytes], args: list[str], env: dict[str, str], head_wait: dict[str, Any] | None
-) -> subprocess.Popen[bytes]:
+) -> None:
     """Tells the gate (``runtime.ray_gate``) its ``ray`` arguments, the variables that name
     the head and whether to wait for the head node: from here on it is this node's Ray. A
-    gate that already ended (Ray's CLI failed to load) is returned as it is, and its exit
-    code is the node's."""
+    gate that already ended (Ray's CLI failed to load) is left as it is: its exit code is
+    the node's."""
     assert gate.stdin is not None
     go = {"argv": args, "env": env, "head_wait": head_wait}
     try:
@@ -404,7 +404,6 @@ def _go(
         gate.stdin.close()
     except BrokenPipeError:
         pass
-    return gate
 
 
 def _supervise(
@@ -589,14 +588,14 @@ def main() -> int:
         if role == "worker" and WORKER_WAITS_FOR_HEAD_NODE:
             poll = head_node_poll(len(alloc.nodes))
             head_wait = {"address": head_address, "interval": poll, "timeout": HEAD_NODE_WAIT_SECONDS}
-        proc = _go(gate, spec.argv()[1:], head_env, head_wait)
+        _go(gate, spec.argv()[1:], head_env, head_wait)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = settings.drain_before_end_s
         replaced = settings.elastic and settings.replace_before_end_s > 0
         if role == "head" and (lead > 0 or replaced):
             watcher = _end_watch(gcs, ["--lead", str(lead), *(["--replaced"] if replaced else [])], ray_env)
 
-        code = _supervise(proc, node_id, gcs, own_job or state.job_id, ray_env, drains)
+        code = _supervise(gate, node_id, gcs, own_job or state.job_id, ray_env, drains)
     except Stopped as e:
         print(f"eray-provider: {node_id}: {e}", file=sys.stderr, flush=True)
         code = 128 + e.signum

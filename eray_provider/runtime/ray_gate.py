@@ -63,8 +63,14 @@ def main() -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    if go.get("head_wait"):
-        wait_for_head_node(**go["head_wait"])
+    wait = go.get("head_wait")
+    if wait and not wait_for_head_node(**wait):
+        print(
+            f"eray-provider: the head node did not register at {wait['address']} within "
+            f"{wait['timeout']:.0f} s; Ray's own wait goes on",
+            file=sys.stderr,
+            flush=True,
+        )
     sys.argv = ["ray", *go["argv"]]
     result = ray_main()
     return int(result or 0)
