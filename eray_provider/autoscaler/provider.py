@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -59,9 +58,7 @@ from ..runtime.launch import (
     ensure_port_plan,
     gcs_alive,
     head_log,
-    launch_head,
     launch_workers,
-    release_head,
     start_head,
     teardown,
     temp_dir_claim,
@@ -150,9 +147,6 @@ class SlurmNodeProvider(NodeProvider):
     #: this `ray up` began the cluster's start (``_own_start``), and saw it end
     _start_owned = False
     _started_here = False
-    #: the head's node id and srun client, launched by ``create_node`` and waiting for
-    #: ``launch_head_node`` to release it (None: launched by another process)
-    _launched_head: tuple[str, subprocess.Popen[bytes] | None] | None = None
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
@@ -418,10 +412,6 @@ class SlurmNodeProvider(NodeProvider):
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
         self._drop_views()
-        # first, and before Ray's updater copies the file mounts and runs the setup commands
-        # on it: the head's node process prepares meanwhile, and its Ray starts on
-        # `launch_head_node`'s word
-        self._launched_head = (node_id, launch_head(state, node_id, slurm_node, self.python))
         self._start_workers_with_head()
         return node_id
 
@@ -471,13 +461,7 @@ class SlurmNodeProvider(NodeProvider):
         launched = [i for i, r in self._records().items() if r.fixed_worker and r.launched]
         workers = launched if self.settings.wait_for_workers else []
         try:
-            early, self._launched_head = self._launched_head, None
-            if early is not None and early[0] == node_id:
-                proc = early[1]
-                if proc is not None:
-                    release_head(proc, extra_env)
-            else:
-                proc = start_head(self.state, node_id, rec.slurm_node, extra_env, self.python)
+            proc = start_head(self.state, node_id, rec.slurm_node, extra_env, self.python)
             watch = wait_head_ready(
                 self.state,
                 node_id,

@@ -129,11 +129,7 @@ def finish_filling(
     provider.update(provider_keys)
     set_launcher_keys(out, types, n_workers, **launcher)
     # Ray has already merged setup_commands into worker_setup_commands; node_run runs them
-    head_setup = any(out[key] for key in ("initialization_commands", "setup_commands", "head_setup_commands"))
-    put_filled(
-        provider,
-        replace(facts, worker_setup_commands=tuple(out["worker_setup_commands"]), head_setup=head_setup),
-    )
+    put_filled(provider, replace(facts, worker_setup_commands=tuple(out["worker_setup_commands"])))
     return out
 
 

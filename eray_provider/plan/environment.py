@@ -33,9 +33,6 @@ ROLE = "ERAY_ROLE"
 NODE_IDS = "ERAY_NODE_IDS"
 ELASTIC = "ERAY_ELASTIC"
 REPLACES = "ERAY_REPLACES"
-#: the head's node_run waits for the launcher's line on its stdin before its Ray starts
-#: (``launch.release_head``)
-AWAIT_RELEASE = "ERAY_AWAIT_RELEASE"
 #: the temp dir path the port probe claims on every node (``launch.ensure_port_plan``): in the
 #: step's environment, which other users cannot read, not in its argv, which they can
 CLAIM_DIR = "ERAY_CLAIM_DIR"
@@ -65,9 +62,7 @@ ROLES = ("head", "worker")
 @dataclass(frozen=True)
 class NodeLaunch:
     """What the launcher hands ``node_run``. ``node_ids``: the launch's encoded ids
-    (``launch.encode_node_ids``), empty for an elastic worker, whose own job names it;
-    ``await_release``: the node prepares, then waits for the launcher's line on its stdin
-    (``launch.release_head``) before its Ray starts."""
+    (``launch.encode_node_ids``), empty for an elastic worker, whose own job names it."""
 
     state_base: str
     cluster: str
@@ -76,7 +71,6 @@ class NodeLaunch:
     node_ids: str = ""
     elastic: bool = False
     replaces: str | None = None
-    await_release: bool = False
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -90,8 +84,6 @@ class NodeLaunch:
             env[ELASTIC] = "1"
         if self.replaces:
             env[REPLACES] = self.replaces
-        if self.await_release:
-            env[AWAIT_RELEASE] = "1"
         return env
 
     @classmethod
@@ -112,7 +104,6 @@ class NodeLaunch:
             node_ids=env.get(NODE_IDS, ""),
             elastic=env.get(ELASTIC) == "1",
             replaces=env.get(REPLACES) or None,
-            await_release=env.get(AWAIT_RELEASE) == "1",
         )
 
 

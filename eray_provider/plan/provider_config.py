@@ -333,9 +333,6 @@ class Filled:
     cache_path: str | None = None
     #: ``setup_commands`` + ``worker_setup_commands`` as Ray merged them (node_run runs them)
     worker_setup_commands: tuple[str, ...] = ()
-    #: Ray's updater runs initialization or setup commands on the head before its start
-    #: command: the head's Ray CLI loads only after them (they may install Ray)
-    head_setup: bool = False
 
     @classmethod
     def of(cls, provider: Mapping[str, Any]) -> Filled:

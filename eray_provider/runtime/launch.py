@@ -11,7 +11,6 @@ is up in one node's start time, not two. Teardown cancels exactly this cluster's
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import secrets
@@ -173,7 +172,6 @@ def node_env(
     extra: Mapping[str, str],
     elastic: bool = False,
     replaces: str | None = None,
-    await_release: bool = False,
 ) -> dict[str, str]:
     """The environment of a node's step or job: this process's, less what describes its own
     Ray node and every ``ERAY_*`` (a launch from inside a node), plus ``extra`` and the
@@ -192,7 +190,6 @@ def node_env(
         node_ids=encode_node_ids(ids),
         elastic=elastic,
         replaces=replaces,
-        await_release=await_release,
     )
     return clean_env(base, {**extra, **launch.to_env()})
 
@@ -315,13 +312,11 @@ def head_log(state: ClusterState, node_id: str):
     return state.logs / f"{node_id}.log"
 
 
-def launch_head(state: ClusterState, node_id: str, slurm_node: str, python: str) -> subprocess.Popen | None:
+def start_head(
+    state: ClusterState, node_id: str, slurm_node: str, extra_env: Mapping[str, str], python: str
+) -> subprocess.Popen | None:
     """Launch the head's step unless it is launched already (and has not exited); does not
-    wait. Its node_run prepares the node (ports held, temp dir made, Ray's CLI loaded unless
-    the head has setup commands, which may install Ray) and then waits for
-    ``release_head``'s line, which it reads on its stdin: this process's pipe, so a launcher
-    that ends first (Ctrl-C, a failed setup command) ends the head's wait, with nothing of
-    Ray run. Returns the srun client, None when nothing was launched."""
+    wait. Returns the srun client, None when nothing was launched."""
     log = head_log(state, node_id)
     with state.lock(timeout=120):
         state.check_launchable()
@@ -330,32 +325,8 @@ def launch_head(state: ClusterState, node_id: str, slurm_node: str, python: str)
         if not rec.launched or state.read_marker(node_id, Marker.EXIT) is not None:
             name = step_name(state.cluster_name, f"head.{rec.gen}")
             argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
-            env = node_env(state, "head", {slurm_node: node_id}, {}, await_release=True)
-            proc = launch_detached(argv, log, env, stdin=subprocess.PIPE)
+            proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             state.mark_launched([node_id], name)
-    return proc
-
-
-def release_head(proc: subprocess.Popen, extra_env: Mapping[str, str]) -> None:
-    """Tell a head that ``launch_head`` launched to start its Ray, with ``extra_env`` (what
-    Ray's updater passes its start command) added to the environment. A head that already
-    ended is left to the caller's wait (``wait_head_ready`` reports its log)."""
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(json.dumps({"env": dict(extra_env)}).encode() + b"\n")
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-
-
-def start_head(
-    state: ClusterState, node_id: str, slurm_node: str, extra_env: Mapping[str, str], python: str
-) -> subprocess.Popen | None:
-    """``launch_head`` and ``release_head`` at once: for a launcher with nothing to run on
-    the head between them."""
-    proc = launch_head(state, node_id, slurm_node, python)
-    if proc is not None:
-        release_head(proc, extra_env)
     return proc
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -68,10 +67,6 @@ STANDBY_SECONDS = 900.0
 #: elastic config sets ``provider.pending_timeout_s``): more than a worker's head wait
 #: (``HEAD_WAIT_SECONDS``) plus its setup commands.
 PENDING_TIMEOUT_SECONDS = 3600
-#: How long the head waits for the launcher's word (``launch.release_head``): Ray's updater
-#: first copies the file mounts and runs the head's setup commands, which have no bound of
-#: their own; a launcher that ends first ends the wait at once.
-RELEASE_WAIT_SECONDS = 3600.0
 #: How long Ray may take to stop on SIGTERM before its logs are collected regardless.
 STOP_WAIT_SECONDS = 3.0
 
@@ -285,36 +280,6 @@ def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> N
     restarts = restart_count(env)
     if restarts > 0:
         state.write_marker(node_id, Marker.RERUN, str(restarts))
-
-
-def await_release(fd: int, timeout: float) -> dict[str, str]:
-    """The variables the launcher adds to the head's Ray, once it releases the head: one
-    line on ``fd``, a JSON object ``{"env": {name: value}}`` (``launch.release_head``).
-    ``NodeRunError`` when the input ends first (the launcher ended: Ctrl-C, a failed step
-    of ``ray up``), when ``timeout`` passes, or when the line is not that object."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while b"\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise NodeRunError(f"the launcher did not release the head within {timeout:.0f} s")
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            raise NodeRunError("the launcher ended before it released the head: its Ray was not started")
-        data += chunk
-    try:
-        extra = json.loads(data.split(b"\n", 1)[0])["env"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise NodeRunError(f'the launcher\'s release line is not {{"env": {{...}}}}: {data[:200]!r}') from e
-    if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
-        raise NodeRunError(f"the release line's env is not names to strings: {data[:200]!r}")
-    return extra
-
-
-def _start_gate(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start ``runtime.ray_gate`` with the node's environment: it loads Ray's CLI and waits
-    for ``_go``."""
-    return subprocess.Popen(python_m(sys.executable, RAY_GATE), env=hide_slurm(env), stdin=subprocess.PIPE)
 
 
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
@@ -567,41 +532,28 @@ def main() -> int:
             job_id=state.job_id,
             jax_ports=(plan.jax_first, plan.jax_count),
         )
+        ray_env = ray_environment(env, cluster, tmp, node_id, n_workers)
         if role == "worker":
             # while the head starts (a cluster of fixed nodes starts every node at once)
-            setup_env = ray_environment(env, cluster, tmp, node_id, n_workers)
-            _run_setup(list(facts.worker_setup_commands), setup_env)
-        if not settings.bind_all_interfaces and not shim:
-            print(
-                "eray-provider: warning: the bind shim was not built (no C compiler at install "
-                "time?): Ray's gRPC servers listen on all interfaces (token-protected)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-        def environment_of(base: Mapping[str, str]) -> dict[str, str]:
-            out = ray_environment(base, cluster, tmp, node_id, n_workers)
-            out.update(start_env(node_plan, settings.metrics_export))
+            _run_setup(list(facts.worker_setup_commands), ray_env)
+        ray_env.update(start_env(node_plan, settings.metrics_export))
+        if not settings.bind_all_interfaces:
             if shim:
-                out.update(bind_env(shim, ip, [node_plan, plan], base))
-                check_preloaded(shim, out)
-            if role == "head":
-                out.update(head_environment(settings))
-            return out
-
-        ray_env = environment_of(env)
-        added: dict[str, str] = {}
-        # Ray's CLI loads while this node waits for the head (runtime.ray_gate), or for the
-        # launcher's word; after the head's setup commands, which may install Ray
-        if not (launch.await_release and facts.head_setup):
-            gate = _start_gate(ray_env)
-        if launch.await_release:
-            extra = await_release(sys.stdin.fileno(), RELEASE_WAIT_SECONDS)
-            released = environment_of({**env, **extra})
-            added = {k: v for k, v in hide_slurm(released).items() if hide_slurm(ray_env).get(k) != v}
-            ray_env = released
-        if gate is None:
-            gate, added = _start_gate(ray_env), {}
+                ray_env.update(bind_env(shim, ip, [node_plan, plan], env))
+                check_preloaded(shim, ray_env)
+            else:
+                print(
+                    "eray-provider: warning: the bind shim was not built (no C compiler at install "
+                    "time?): Ray's gRPC servers listen on all interfaces (token-protected)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if role == "head":
+            ray_env.update(head_environment(settings))
+        # Ray's CLI loads while this node waits for the head (runtime.ray_gate)
+        gate = subprocess.Popen(
+            python_m(sys.executable, RAY_GATE), env=hide_slurm(ray_env), stdin=subprocess.PIPE
+        )
         head_address = None
         if role == "worker":
             head_address = wait_for_head(state, plan.gcs, HEAD_WAIT_SECONDS)
@@ -636,7 +588,7 @@ def main() -> int:
         if role == "worker" and WORKER_WAITS_FOR_HEAD_NODE:
             poll = head_node_poll(len(alloc.nodes))
             head_wait = {"address": head_address, "interval": poll, "timeout": HEAD_NODE_WAIT_SECONDS}
-        _go(gate, spec.argv()[1:], {**added, **head_env}, head_wait)
+        _go(gate, spec.argv()[1:], head_env, head_wait)
         gcs = f"{ip}:{plan.gcs}" if role == "head" else str(head_address)
         lead = settings.drain_before_end_s
         replaced = settings.elastic and settings.replace_before_end_s > 0

@@ -106,18 +106,14 @@ def run_step(
         raise SlurmCommandError(f"{what} did not end within {timeout:.0f} s") from e
 
 
-def launch_detached(
-    argv: Sequence[str], log_path: Path, env: Mapping[str, str], stdin: int = subprocess.DEVNULL
-) -> subprocess.Popen[bytes]:
-    """Start an srun client in its own session, output to a file (never a pipe); its input
-    nothing, or with ``stdin=subprocess.PIPE`` a pipe from this process (srun passes it on
-    to the step's task, which sees its end when this process closes it or ends)."""
+def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start an srun client in its own session, output to a file (never a pipe)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         return subprocess.Popen(
             list(argv),
-            stdin=stdin,
+            stdin=subprocess.DEVNULL,
             stdout=fd,
             stderr=fd,
             env=dict(env),

@@ -26,7 +26,6 @@ from eray_provider.plan.ports import plan_for_block
 from eray_provider.plan.provider_config import Filled, put_filled
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.launch import encode_node_ids
-from eray_provider.runtime.node_run import NodeRunError, await_release
 from eray_provider.slurm.allocation import Allocation, NodeShare
 
 JOB = "93"
@@ -35,40 +34,32 @@ JOB = "93"
 PLAN = plan_for_block(JOB, 12800)
 
 
-def _cluster(tmp_path: Path, setup: list[str], head_setup: bool = False) -> ClusterState:
+def _cluster(tmp_path: Path, setup: list[str]) -> ClusterState:
     state = ClusterState("stopper", JOB, tmp_path / "state")
     state.create()
     state.save_ports(PLAN)
     alloc = Allocation(JOB, (NodeShare("headnode", 1), NodeShare("nodeA", 1)))
     provider = {"temp_base": str(tmp_path), "object_store_fraction": 0.3}
-    facts = Filled(allocation=alloc.to_dict(), worker_setup_commands=tuple(setup), head_setup=head_setup)
-    put_filled(provider, facts)
+    put_filled(provider, Filled(allocation=alloc.to_dict(), worker_setup_commands=tuple(setup)))
     state.save_cluster_config({"provider": provider})
     return state
 
 
-def _start(
-    state: ClusterState, replaces: str | None = None, role: str = "worker"
-) -> tuple[subprocess.Popen, str]:
-    """The node process of a new node (``role`` on ``headnode``, else on ``nodeA``), launched
-    as the launcher does: a head waits for its release on its stdin, a pipe from here."""
-    slurm_node = "headnode" if role == "head" else "nodeA"
-    (node_id,) = state.add_nodes([(slurm_node, role, {})])
+def _start(state: ClusterState, replaces: str | None = None) -> tuple[subprocess.Popen, str]:
+    (node_id,) = state.add_nodes([("nodeA", "worker", {})])
     launch = NodeLaunch(
         state_base=str(state.base),
         cluster=state.cluster_name,
         job_id=JOB,
-        role=role,
-        node_ids=encode_node_ids({slurm_node: node_id}),
+        role="worker",
+        node_ids=encode_node_ids({"nodeA": node_id}),
         replaces=replaces,
-        await_release=role == "head",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "ERAY_"))}
-    env.update(launch.to_env(), SLURMD_NODENAME=slurm_node)
+    env.update(launch.to_env(), SLURMD_NODENAME="nodeA")
     proc = subprocess.Popen(
         python_m(sys.executable, NODE_RUN),
         env=env,
-        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -98,25 +89,11 @@ def _stop_and_check(state: ClusterState, proc: subprocess.Popen, node_id: str, g
     gates = _gates(proc.pid)
     assert len(gates) == (1 if gate else 0), gates
     proc.send_signal(signal.SIGTERM)
-    _check_ended(
-        state, proc, node_id, dirs, gates, 128 + signal.SIGTERM, "stopped by SIGTERM before its Ray ran"
-    )
-
-
-def _check_ended(
-    state: ClusterState,
-    proc: subprocess.Popen,
-    node_id: str,
-    dirs: list[str],
-    gates: list[int],
-    code: int,
-    says: str,
-) -> None:
     out, _ = proc.communicate(timeout=60)
     assert not [g for g in gates if Path(f"/proc/{g}").exists()], "the gate outlived the node process"
-    assert proc.returncode == code, out
-    assert state.read_marker(node_id, "exit") == str(code), out
-    assert says in out, out
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert state.read_marker(node_id, "exit") == str(128 + signal.SIGTERM), out
+    assert "stopped by SIGTERM before its Ray ran" in out, out
     assert not [d for d in dirs if Path(d).exists()], dirs
 
 
@@ -173,68 +150,3 @@ def test_sigint_is_a_stop_too(tmp_path, signum) -> None:
         assert state.read_marker(node_id, "exit") == str(128 + signum), out
     finally:
         proc.kill()
-
-
-def _prepared(state: ClusterState, proc: subprocess.Popen, node_id: str) -> None:
-    """Until the head's node process has prepared and waits for its release."""
-    wait_until("the head's preparation", lambda: bool(state.temp_dirs(node_id)[1]), proc, timeout=60)
-    time.sleep(0.5)  # inside the release wait
-    assert proc.poll() is None
-
-
-def test_a_head_waits_for_its_release_and_ends_when_its_launcher_does(tmp_path) -> None:
-    """`ray up` launches the head's step before Ray's updater copies the file mounts and
-    runs the setup commands; the node prepares and loads Ray's CLI meanwhile, and starts
-    nothing of Ray until released. A launcher that ends first (Ctrl-C, a failed setup
-    command) closes the pipe: the head ends with nothing of Ray run and nothing left."""
-    state = _cluster(tmp_path, [])
-    proc, node_id = _start(state, role="head")
-    try:
-        _prepared(state, proc, node_id)
-        assert state.read_marker(node_id, "ip") is None
-        dirs = state.temp_dirs(node_id)[1]
-        gates = _gates(proc.pid)
-        assert len(gates) == 1, gates
-        assert proc.stdin is not None
-        proc.stdin.close()  # the launcher ended
-        proc.stdin = None  # closed: communicate() must not flush it
-        _check_ended(state, proc, node_id, dirs, gates, 1, "the launcher ended before it released the head")
-        assert state.read_marker(node_id, "ip") is None  # nobody was told to join it
-    finally:
-        proc.kill()
-
-
-def test_a_head_with_setup_commands_loads_ray_only_once_released(tmp_path) -> None:
-    """The head's setup commands (run by Ray's updater before it releases the head) may
-    install Ray: its CLI must not be loaded before them."""
-    state = _cluster(tmp_path, [], head_setup=True)
-    proc, node_id = _start(state, role="head")
-    try:
-        _prepared(state, proc, node_id)
-        _stop_and_check(state, proc, node_id, gate=False)
-    finally:
-        proc.kill()
-
-
-def test_the_release_line_is_read_whole_and_checked() -> None:
-    read, write = os.pipe()
-    try:
-        os.write(write, b'{"env": {"RAY_OVERRIDE_RESOURCES": ')  # a line in two writes
-        os.write(write, b'"{}"}}\n')
-        assert await_release(read, 5) == {"RAY_OVERRIDE_RESOURCES": "{}"}
-        os.write(write, b'{"env": {"A": 1}}\n')
-        with pytest.raises(NodeRunError, match="names to strings"):
-            await_release(read, 5)
-        os.write(write, b"go\n")
-        with pytest.raises(NodeRunError, match="not"):
-            await_release(read, 5)
-        with pytest.raises(NodeRunError, match="within 0 s"):
-            await_release(read, 0.2)
-        os.close(write)
-        write = -1
-        with pytest.raises(NodeRunError, match="ended before it released"):
-            await_release(read, 5)
-    finally:
-        os.close(read)
-        if write >= 0:
-            os.close(write)
