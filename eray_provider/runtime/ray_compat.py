@@ -29,6 +29,12 @@ by reading the releases' own code, 2.52.0 to 2.60.0:
   it (``POST /api/job_agent/jobs/``, the head node's agent), which ``require_supported_ray``
   says at every ``ray`` command and docs/security.md states.
 
+- ``monitor_after_registration``: ``ray start --head`` starts the autoscaler's monitor
+  among the head's first processes, before its raylet (``Node.__init__`` calls
+  ``start_head_processes``, which calls ``start_monitor``, then starts the raylet and waits
+  until the GCS lists it: ``ray/_private/node.py``, the same in every supported release).
+  The gate moves that one call after the wait.
+
 Also read, and the same from 2.52 to 2.60 for what eray-provider uses: the provider and
 command runner interfaces, the autoscaler v2 adapter and its adoption of nodes by
 ``RAY_CLOUD_INSTANCE_ID``, the token variables and the dashboard's token check, every
@@ -147,6 +153,32 @@ def __getattr__(name: str) -> Any:
 
         return cli_logger
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def monitor_after_registration() -> None:
+    """In this process (a head's ``ray start``, ``runtime.ray_gate``): start the autoscaler's
+    monitor once the head node has registered with the GCS, not beside the head's first
+    processes. The monitor loads Ray's autoscaler and the cluster's node provider (about 0.4
+    CPU-seconds): on a head node bound by CPU, that much later comes the head node alive, and
+    the whole cluster with it (``bench/time_to_cluster.py``). Nothing needs it earlier: the
+    autoscaler acts on nodes the GCS lists. Ray's own ``Node.start_monitor`` still starts it
+    (the same command, log files and autoscaler version), so ``ray start --block`` watches it
+    as before: a monitor that dies ends the head. A node that fails to start never starts it."""
+    from ray._private.node import Node
+
+    start, init = Node.start_monitor, Node.__init__
+    waiting: list[Any] = []
+
+    def later(self: Any) -> None:
+        waiting.append(self)
+
+    def init_then_monitor(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        while waiting:
+            start(waiting.pop())
+
+    Node.start_monitor = later
+    Node.__init__ = init_then_monitor
 
 
 def draining_nodes() -> dict[str, float | None]:

@@ -18,6 +18,9 @@ arguments after ``ray``; ``env``, the variables to add; ``head_wait``, null or
 ``{"address", "interval", "timeout"}``. This process then becomes that ``ray`` command
 (same pid: signals and the exit code are Ray's). End of input before the line
 (``node_run`` ended first) ends it with code 0, having run nothing.
+
+A head's ``ray start`` run here starts the autoscaler's monitor once the head node has
+registered, not among its first processes (``ray_compat.monitor_after_registration``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def wait_for_head_node(address: str, interval: float, timeout: float) -> bool:
 
 def main() -> int:
     from ray.scripts.scripts import main as ray_main  # the slow part, before the line
+
+    from .ray_compat import monitor_after_registration
+
+    monitor_after_registration()  # a head's: once its node has registered
 
     line = sys.stdin.readline()
     if not line:

@@ -85,6 +85,13 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         assert sorted(re.findall(running, monitor)) == ["node2", "node3"], monitor[-3000:]
         assert "allocated unmanaged" in monitor and "REQUESTED" not in monitor, monitor[-3000:]
         assert "SLURM nodes are free" not in monitor, monitor[-3000:]
+        # which the head's Ray started once the head had registered, after its raylet (Ray
+        # itself starts it among the head's first processes, before the raylet)
+        started = {
+            kind: _started_at(testbed, f"{kind}.*--{flag}={re.escape(head_ip)}( |$)")
+            for kind, flag in (("monitor\\.py", "monitor-ip"), ("raylet", "node_ip_address"))
+        }
+        assert started["monitor\\.py"] > started["raylet"], started
 
         status = cluster.exec("ray status").stdout
         assert "6.0 CPU" in status or "0.0/6.0 CPU" in status
@@ -156,6 +163,13 @@ def test_cluster_lifecycle_autoscaler_v2(testbed, ray_job, tmp_path) -> None:
         cluster.down(check=False)
         if not had_stray:
             stray.unlink(missing_ok=True)
+
+
+def _started_at(testbed: Testbed, pattern: str) -> int:
+    """When the one process matching ``pattern`` started (clock ticks since boot; the test
+    bed's nodes share this machine's process table)."""
+    (pid,) = testbed.run(["pgrep", "-f", pattern]).stdout.split()
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
 def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:

@@ -68,10 +68,14 @@ class AutoscalerLog:
         #: the nodes it learnt of from the provider's listing: a replacement, shown in its
         #: old node's place, appears this way (the old one's instance TERMINATED, the same round)
         self.adopted = re.findall(r"allocated unmanaged cloud instance :(j\d+-\d+)", monitor)
-        #: Ray nodes that joined before the provider listed them (v2 stops such a node of a
-        #: type at its count): none should, as a replacement starts Ray once shown
+        #: worker Ray nodes that joined before the provider listed them (v2 stops such a
+        #: node of a type at its count): none should, as a replacement starts Ray once shown.
+        #: The head is one, always: it has registered when its autoscaler starts
+        #: (``ray_compat.monitor_after_registration``), and v2 takes its instance from it.
         ahead = "allocated unmanaged worker cloud instance from ray node"
-        self.from_ray = [line for line in monitor.splitlines() if ahead in line]
+        self.from_ray = [line for line in monitor.splitlines() if ahead in line and "type=head," not in line]
+        heads = [line for line in monitor.splitlines() if ahead in line and "type=head," in line]
+        assert len(heads) <= 1, heads
 
 
 def run_replacement(
