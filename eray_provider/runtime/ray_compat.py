@@ -159,9 +159,10 @@ def monitor_after_registration() -> None:
     """In this process (a head's ``ray start``, ``runtime.ray_gate``): start the autoscaler's
     monitor once the head node has registered with the GCS, not beside the head's first
     processes. The monitor loads Ray's autoscaler and the cluster's node provider (about 0.4
-    CPU-seconds): on a head node bound by CPU, that much later comes the head node alive, and
-    the whole cluster with it (``bench/time_to_cluster.py``). Nothing needs it earlier: the
-    autoscaler acts on nodes the GCS lists. Ray's own ``Node.start_monitor`` still starts it
+    CPU-seconds): on a head node bound by CPU, started beside the others it delays the head's
+    registration, and the whole cluster's start with it, by as much
+    (``bench/time_to_cluster.py``). Nothing needs it earlier: the autoscaler acts on nodes the
+    GCS lists. Ray's own ``Node.start_monitor`` still starts it
     (the same command, log files and autoscaler version), so ``ray start --block`` watches it
     as before: a monitor that dies ends the head. A node that fails to start never starts it."""
     from ray._private.node import Node
