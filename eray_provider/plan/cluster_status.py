@@ -26,7 +26,7 @@ Cluster states, in the order they are decided:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -136,7 +136,6 @@ def summarize(
     alive: Mapping[str, str] | None,
     *,
     drains: Mapping[str, str] | None = None,
-    handovers: Iterable[str] = (),
     markers: frozenset[str] = frozenset(),
     state_dir: str,
     token_file: str,
@@ -149,9 +148,9 @@ def summarize(
 
     ``doc`` is its ``state.json``; ``ips`` and ``exits`` map node ids to what their
     ``.ip`` and ``.exit`` markers hold (an address; the exit code of a node whose Ray
-    ended), ``drains`` what their ``.drain`` markers hold (JSON), ``handovers`` the elastic
-    replacements whose Ray joined, ``markers`` the names of all marker files
-    (``ClusterState.markers``; the kinds above are read from their own arguments);
+    ended), ``drains`` what their ``.drain`` markers hold (JSON), ``markers`` the names of all marker
+    files (``ClusterState.markers``; the kinds above are read from their own arguments, the
+    others, such as the ``handover`` of an elastic replacement whose Ray joined, from here);
     ``provider`` the provider section of
     its ``cluster.json`` ({} when there is none), ``jobs`` the user's jobs by id as squeue
     listed them (None: squeue failed, ``squeue_error`` says how), ``alive`` node id ->
@@ -186,7 +185,7 @@ def summarize(
     if elsewhere:
         jobs = None  # another controller's job ids (or none known here): squeue says nothing of them
     job_ended = jobs is not None and (head_job is None or not head_job.live)
-    handed = set(handovers)
+    handed = Marker.HANDOVER.node_ids(markers)
     known = {Marker.IP: ips, Marker.EXIT: exits, Marker.DRAIN: drains or {}, Marker.HANDOVER: handed}
     for node_id, rec in records.items():
         has = _marker_test(node_id, known, markers)

@@ -83,7 +83,6 @@ def _facts(state: ClusterState) -> dict:
         "ips": _read_markers(state, Marker.IP),
         "exits": _read_markers(state, Marker.EXIT),
         "drains": _read_markers(state, Marker.DRAIN),
-        "handovers": sorted(Marker.HANDOVER.node_ids(state.markers())),
         "markers": state.markers(),
         "provider": provider,
         "plan": state.ports(),

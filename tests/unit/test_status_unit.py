@@ -13,6 +13,7 @@ import pytest
 
 from eray_provider.cli import main
 from eray_provider.plan.cluster_status import down_status, summarize
+from eray_provider.plan.markers import Marker
 from eray_provider.plan.ports import choose_plan
 from eray_provider.plan.provider_config import (
     DEFAULT_CAP_MB,
@@ -208,7 +209,7 @@ def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:
         alive=alive,
         provider=ELASTIC,
         drains={"j80-0": drain},
-        handovers=["j91-0"],
+        markers=frozenset({Marker.HANDOVER.file("j91-0")}),
         exits={"j81-0": "0"},
     )
     states = {n.node_id: n.state for n in st.nodes}
@@ -225,7 +226,9 @@ def test_replacements_and_drains_are_shown_and_a_pair_counts_once() -> None:
     assert "j90-0 replacing (for j80-0: pending (Resources))" in table, table
     # the replacement's job ended before it joined: the pair is the old node alone again
     jobs["90"] = _job("90", "FAILED", nodes="")
-    st = _summarize(doc=doc, jobs=jobs, alive=alive, provider=ELASTIC, handovers=["j91-0"])
+    st = _summarize(
+        doc=doc, jobs=jobs, alive=alive, provider=ELASTIC, markers=frozenset({Marker.HANDOVER.file("j91-0")})
+    )
     assert {n.node_id: n.state for n in st.nodes}["j90-0"] == "replacing"
 
 
