@@ -186,7 +186,7 @@ def summarize(
         jobs = None  # another controller's job ids (or none known here): squeue says nothing of them
     job_ended = jobs is not None and (head_job is None or not head_job.live)
     handed = Marker.HANDOVER.node_ids(markers)
-    known = {Marker.IP: ips, Marker.EXIT: exits, Marker.DRAIN: drains or {}, Marker.HANDOVER: handed}
+    known = {Marker.IP: ips, Marker.EXIT: exits, Marker.DRAIN: drains or {}}
     for node_id, rec in records.items():
         has = _marker_test(node_id, known, markers)
         st.nodes.append(_node(node_id, rec, job_id, has, exits, jobs, alive, job_ended, drains or {}))

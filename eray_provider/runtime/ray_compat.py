@@ -167,18 +167,28 @@ def monitor_after_registration() -> None:
     as before: a monitor that dies ends the head. A node that fails to start never starts it."""
     from ray._private.node import Node
 
-    start, init = Node.start_monitor, Node.__init__
+    start, init = getattr(Node, "start_monitor", None), Node.__init__
+    if start is None:  # a newer Ray that starts it otherwise: left as it is
+        return
     waiting: list[Any] = []
+    starting: list[Any] = []
 
-    def later(self: Any) -> None:
-        waiting.append(self)
+    def deferred(self: Any) -> None:
+        if starting:  # inside Node.__init__: after its wait for the raylet
+            waiting.append(self)
+        else:  # called from anywhere else (a newer Ray): at once, never lost
+            start(self)
 
     def init_then_monitor(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
+        starting.append(self)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            starting.pop()
         while waiting:
             start(waiting.pop())
 
-    Node.start_monitor = later
+    Node.start_monitor = deferred
     Node.__init__ = init_then_monitor
 
 

@@ -278,3 +278,29 @@ def test_workers_ask_for_the_head_node_at_a_bounded_rate() -> None:
     for nodes in (3, 200, 201, 2000, 10000):
         assert nodes / head_node_poll(nodes) <= 1000.0 + 1e-9
     assert head_node_poll(2000) == 2.0  # Ray's own rate there
+
+
+#: In a process of its own (the patch is process-wide, as in the gate): a stand-in for
+#: Ray's ``Node`` whose ``__init__`` starts the monitor before its raylet registers, as
+#: Ray 2.52-2.60 do, and a second monitor started after ``__init__``, as a newer Ray might.
+_MONITOR_ORDER = """
+import ray._private.node as node_module
+from eray_provider.runtime.ray_compat import monitor_after_registration
+
+events = []
+node_module.Node.__init__ = lambda self: (self.start_monitor(), events.append("registered"))[0]
+node_module.Node.start_monitor = lambda self: events.append("monitor")
+monitor_after_registration()
+n = node_module.Node()
+n.start_monitor()
+print(",".join(events))
+"""
+
+
+def test_a_heads_monitor_starts_after_registration_and_is_never_lost() -> None:
+    """``ray_compat.monitor_after_registration``: a monitor Ray starts inside ``Node.__init__``
+    starts once ``__init__`` (its wait for the raylet) is over; one started from anywhere
+    else starts at once, so a Ray that moves the call does not lose its autoscaler."""
+    out = subprocess.run([sys.executable, "-c", _MONITOR_ORDER], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "registered,monitor,monitor"
