@@ -362,13 +362,11 @@ def backdate(state: ClusterState, seconds: float) -> None:
 def expire_caches(provider: Any) -> None:
     """What 5 s between autoscaler rounds does: the squeue listings, the state file's
     freshness window and the marker listing are all due again (private stamps reset)."""
-    provider._steps = (0.0, provider._steps[1])
-    if hasattr(provider, "_jobs_cache"):
-        provider._jobs_cache = (0.0, provider._jobs_cache[1])
+    provider.steps.expire()
+    if provider.pool is not None:
+        provider.pool.listing.expire()
     provider.state._checked = 0.0
-    for view in (provider._live, getattr(provider, "_elastic_live", None)):
-        if view is not None:
-            view._stamp = 0.0
+    provider._view.expire()
     if provider.state._markers is not None:
         provider.state._markers = (float("-inf"), provider.state._markers[1])
 
@@ -485,7 +483,7 @@ def fixed_paths(n: int, root: Path, fake: FakeSlurm, count: int) -> list[Result]
     a = Result(f"(a) SlurmNodeProvider round, {n:,} nodes")
     provider = SlurmNodeProvider(config["provider"], CLUSTER)  # as the head's monitor builds it
     with timed(a, fake):
-        rounds(a, provider, n, count, lambda p: p._job_steps())
+        rounds(a, provider, n, count, lambda p: p.steps.by_id())
     results.append(a)
 
     # ---- (d) terminate some workers, then the whole step
@@ -520,13 +518,14 @@ def fixed_paths(n: int, root: Path, fake: FakeSlurm, count: int) -> list[Result]
     signalled: list[str] = []
     with timed(d2, fake):
         provider.terminate_nodes(workers[:10])
-        real_signal = provider._signal_node
+        module = sys.modules[SlurmNodeProvider.__module__]
+        real_signal = module.signal_node
         # counted, not run: one srun each would take many minutes at this size
-        provider._signal_node = lambda node_id, job_id=None: signalled.append(node_id)
+        module.signal_node = lambda _state, node_id, _job: signalled.append(node_id)
         t = time.perf_counter()
         provider.terminate_nodes(workers[10:])
         rest = time.perf_counter() - t
-        provider._signal_node = real_signal
+        module.signal_node = real_signal
     cancels = [x for x in d2.calls if x["cmd"] == "scancel"]
     if signalled:
         estimate = rest + len(signalled) * some / 10
@@ -641,7 +640,7 @@ def elastic_paths(n: int, per_job: int, root: Path, fake: FakeSlurm, count: int,
     provider = SlurmJobProvider(config["provider"], ECLUSTER)
     with timed(b, fake):
         # a cold round lists the jobs (the workers) and the head's job's steps (the head)
-        rounds(b, provider, workers + 1, count, lambda p: (p._jobs(), p._job_steps()))
+        rounds(b, provider, workers + 1, count, lambda p: (p.pool.jobs(), p.steps.by_id()))
     b.notes.insert(0, note)
     results.append(b)
 
@@ -733,7 +732,7 @@ def replacing_round(
         provider = SlurmJobProvider({**config["provider"], "replace_before_end_s": 600}, ECLUSTER)
         result.check(provider._on_head, "the provider does not take itself for the head's")
         with timed(result, fake):
-            rounds(result, provider, workers + 1, count, lambda p: (p._jobs(), p._job_steps()))
+            rounds(result, provider, workers + 1, count, lambda p: (p.pool.jobs(), p.steps.by_id()))
         submitted = [c for c in result.calls if c["cmd"] == "sbatch"]
         result.check(not submitted, f"{len(submitted)} replacements submitted, none was due")
         handed = sum(1 for _new, kind in written if kind == "handover")

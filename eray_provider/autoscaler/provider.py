@@ -6,9 +6,12 @@ nodes are reached with srun (``SrunCommandRunner``), never ssh; each lives in a 
 its own that dies with the job. All state is in ``ClusterState`` because Ray builds a
 provider in every CLI process and in the head's monitor.
 
-Liveness is cheap: the node records are read from a file cached by mtime, and the job's
-steps come from one ``squeue`` call at most every ``STEP_CACHE_SECONDS``, shared by
-all nodes (no subprocess per node, no O(N^2)).
+Ray's autoscaler asks ``non_terminated_nodes`` once a round, then ``node_tags`` and
+``is_running`` of every node: as Ray's ``BatchingNodeProvider`` does, the provider reads
+once per round (the records, the marker listing, squeue's listings: a ``Round``) and
+answers every per-node call from it, a dict lookup each at 10,000 nodes. The elastic
+provider's worker jobs are a part of its own (``worker_pool``): each per-node call goes
+to the part that owns the node.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
@@ -59,32 +62,30 @@ from ..runtime.launch import (
     gcs_alive,
     head_log,
     launch_workers,
+    signal_node,
     start_head,
     teardown,
     temp_dir_claim,
     wait_head_ready,
     wait_joined,
 )
-from ..runtime.process_identity import signal_command
 from ..runtime.ray_compat import cli_logger, require_supported_ray
 from ..slurm.allocation import Allocation, AllocationError, JobGoneError
-from ..slurm.client import SlurmCommandError, known_cluster_name, running_allocation, slurm_timeout
+from ..slurm.client import SlurmCommandError, known_cluster_name, running_allocation
 from ..slurm.env import job_id_from_env
-from ..slurm.srun import cancel_steps, job_state, list_steps, run_step, srun_argv
+from ..slurm.srun import cancel_steps, job_state
 from .command_runner import SrunCommandRunner
 from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
-from .views import LiveView, Memo, ReadOnlyTags
+from .listings import UNKNOWN, StepListing, StepNames
+from .views import NO_POOL, Answer, FreshView, ReadOnlyTags, Round
+
+if TYPE_CHECKING:
+    from .worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 
-STEP_CACHE_SECONDS = 5.0
-#: The step list before squeue has answered once: launched nodes count as alive, because
-#: a failed squeue is not SLURM saying they ended (a second head would follow).
-UNKNOWN: dict[str, str] = {}
-#: a listing of the job's steps by name (step name -> step id), as ``_step_names`` keys it
-StepNames = Mapping[str, str]
-#: Seconds the srun that signals one node's process may take.
-SIGNAL_TIMEOUT = 60.0
+#: The steps of a cluster none of whose nodes was launched: squeue is not asked.
+NO_STEPS: StepNames = {}
 #: How long Ray's updater thread is held once `ray up` is stopped: the main thread's exit
 #: stops the cluster meanwhile; should the main thread have lost the signal (it waits on this
 #: thread), it goes on after this and meets the stop in its next provider call.
@@ -94,8 +95,6 @@ WORKERS_JOIN_TIMEOUT = 300.0
 #: How long a node also answers to the tags a racing create_node asked for.
 REQUESTED_TAGS_SECONDS = 120.0
 _CACHES_TO_REMOVE: set[str] = set()
-#: What a round's ``node_tags`` and ``is_running`` answer, per live node: (tags, running).
-Answers = dict[str, tuple[ReadOnlyTags, bool]]
 
 
 def start_fillout(cluster_config: dict[str, Any]) -> str | None:
@@ -165,19 +164,22 @@ class SlurmNodeProvider(NodeProvider):
         """Attach to the cluster of ``job_id`` (the job that holds the head)."""
         self.job_id = job_id
         self.state = ClusterState(self.cluster_name, job_id, self.settings.state_dir)
-        self._steps: tuple[float, dict[str, str] | None] = (0.0, UNKNOWN)
-        self._steps_error: SlurmCommandError | None = None
-        self._live = LiveView()
-        self._round: Memo[Answers] = Memo()
-        self._answers: Answers = {}
+        self.steps = StepListing(job_id)
+        #: the round being read (``_fresh_round``), and the one the last listing answered
+        self._view: FreshView[Round] = FreshView()
+        self._round: Round | None = None
         self._ips: dict[str, str] = {}
-        self._names: Memo[dict[str, str]] = Memo()
+        self.pool = self._worker_pool()
+
+    def _worker_pool(self) -> WorkerPool | None:
+        """The part that owns the elastic worker nodes; none in a fixed allocation."""
+        return None
 
     def _drop_views(self) -> None:
         """After this provider's own writes, and under the lock where other processes'
-        writes must count: the next call computes from the state file again."""
-        self._live.drop()
-        self._answers = {}
+        writes must count: the next call reads the state file again."""
+        self._view.drop()
+        self._round = None
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any], job: str | None) -> None:
@@ -241,77 +243,74 @@ class SlurmNodeProvider(NodeProvider):
         set_ray_cache_path(cluster_config["provider"], None)
         return cluster_config
 
-    # ------------------------------------------------------------------ node records
+    # ------------------------------------------------------------------ the round
     def _records(self) -> Mapping[str, NodeRecord]:
         return self.state.records()
 
-    def _job_steps(self) -> dict[str, str] | None:
-        """Step id -> name for the job, refreshed at most every STEP_CACHE_SECONDS; None
-        when SLURM says the job has ended; ``UNKNOWN`` until squeue has answered once.
-        A failed squeue keeps the last answer (it says nothing about the steps)."""
-        stamp, steps = self._steps
-        if time.monotonic() - stamp > STEP_CACHE_SECONDS:
-            try:
-                steps = list_steps(self.job_id)
-                self._steps_error = None
-            except SlurmCommandError as e:
-                logger.warning("squeue failed, keeping the last step list: %s", e)
-                self._steps_error = e
-            self._steps = (time.monotonic(), steps)
-        return steps
+    def _fresh_round(self) -> Round:
+        """The round of what the state and SLURM say now: read again only when
+        ``READ_FRESH_SECONDS`` have passed or this provider wrote, and rebuilt only when
+        one of its inputs is another object (the state file, the marker listing and the
+        squeue listings hand out the same object while nothing changed)."""
+        return self._view.get(self._round_inputs, self._build_round)
 
-    def _alive(self, node_id: str, rec: NodeRecord, markers: frozenset[str], steps: StepNames | None) -> bool:
-        """A node of the allocation lives while ``node_phase`` says so: SLURM's word is the
-        listing of the job's steps (None: the job has ended; ``UNKNOWN``: no answer yet)."""
-        if steps is None:
-            slurm = Slurm.ENDED
-        elif steps is UNKNOWN:
-            slurm = Slurm.UNKNOWN
-        else:
-            slurm = Slurm.RUNS if rec.step_name in steps else Slurm.UNLISTED
-        grace = time.time() - rec.launched < STEP_GRACE_SECONDS
-        return end_of(rec, marker_test(node_id, markers), slurm, grace) is None
+    def _answering(self) -> Round:
+        """The round per-node calls answer from: the last listing's, else a fresh one."""
+        return self._round or self._fresh_round()
 
-    def _alive_ids(self) -> list[str]:
-        """Ids of live nodes; recomputed only when the records, markers or steps changed."""
-        return self._alive_view()[0]
-
-    def _alive_view(self) -> tuple[list[str], frozenset[str]]:
-        """(live ids in record order, the same as a set for O(1) ``is_running`` and
-        ``is_terminated``); one pass over the records per change, whatever N."""
-        return self._live.get(self._alive_inputs, self._compute_alive)
-
-    def _alive_inputs(self) -> tuple[Any, ...]:
+    def _round_inputs(self) -> tuple[Any, ...]:
         records = self._records()
         markers = self.state.markers()
         needs_steps = any(r.launched and not r.terminated for r in records.values())
-        steps = self._job_steps() if needs_steps else {}
-        return records, markers, self._step_names(steps) if steps else steps
+        steps = self.steps.by_name() if needs_steps else NO_STEPS
+        jobs = self.pool.jobs() if self.pool is not None else None
+        return records, markers, steps, jobs
 
-    def _compute_alive(
-        self, records: Mapping[str, NodeRecord], markers: frozenset[str], steps: StepNames | None
-    ) -> list[str]:
-        return [i for i, rec in records.items() if self._alive(i, rec, markers, steps)]
-
-    def _step_names(self, steps: dict[str, str]) -> dict[str, str]:
-        """The listing keyed by step name (one dict per listing, kept for its identity)."""
-        return self._names.get((steps,), lambda s: {name: sid for sid, name in s.items()})
+    def _build_round(
+        self, records: Mapping[str, NodeRecord], markers: frozenset[str], steps: StepNames | None, jobs: Any
+    ) -> Round:
+        """The allocation's live nodes (``node_phase.end_of``: SLURM's word is the listing
+        of the job's steps; None: the job has ended; ``UNKNOWN``: no answer yet), then
+        the worker pool's, with their answers; one pass over the records, whatever N."""
+        now = time.time()
+        answers: dict[str, Answer] = {}
+        for node_id, rec in records.items():
+            if rec.elastic:
+                continue  # the pool's
+            if steps is None:
+                slurm = Slurm.ENDED
+            elif steps is UNKNOWN:
+                slurm = Slurm.UNKNOWN
+            else:
+                slurm = Slurm.RUNS if rec.step_name in steps else Slurm.UNLISTED
+            grace = now - rec.launched < STEP_GRACE_SECONDS
+            if end_of(rec, marker_test(node_id, markers), slurm, grace) is None:
+                answers[node_id] = (ReadOnlyTags(rec.tags), bool(rec.launched))
+        pool = NO_POOL
+        if self.pool is not None:
+            pool = self.pool.view(records, markers, jobs, now)
+            answers.update(pool.answers)
+        return Round(records, answers, frozenset(answers), pool)
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        """The live nodes; their tags and running state are kept as this round's answers
-        to ``node_tags`` and ``is_running`` (``_answers``), as Ray's own cloud providers
-        cache them from their last listing: the autoscaler asks both of every node right
-        after this call, and a dict lookup each is what 10,000 nodes can afford. The
-        answers are computed again only when the records or listings changed, and
-        forgotten on this provider's own writes."""
+        """The live nodes. Their tags and running state are kept as this round's answers
+        to ``node_tags`` and ``is_running``, as Ray's own cloud providers cache them from
+        their last listing: the autoscaler asks both of every node right after this call,
+        and a dict lookup each is what 10,000 nodes can afford. The pool submits the
+        replacements of worker jobs near their end before the listing, and hands over to
+        those the listing shows after it."""
         stop_signals.check()  # `ray up`'s main thread polls here for the head: a lost stop
-        self._answers = answers = self._round.get(self._round_inputs(), self._compute_answers)
+        if self.pool is not None:
+            self.pool.before_round()
+        self._round = listed = self._fresh_round()
+        if self.pool is not None:
+            self.pool.after_round(listed)
         if not tag_filters:
-            return list(answers)
-        records, now = self._records(), time.time()
+            return list(listed.answers)
+        records, now = self._records(), time.time()  # the tags a racing `ray up` asked for
         return [
             i
-            for i, (tags, _) in answers.items()
+            for i, (tags, _) in listed.answers.items()
             # a node without a record (an adopted elastic worker) has its answered tags only
             if (
                 records[i].answers_to(tag_filters, now, REQUESTED_TAGS_SECONDS)
@@ -320,43 +319,24 @@ class SlurmNodeProvider(NodeProvider):
             )
         ]
 
-    def _round_inputs(self) -> tuple[Any, ...]:
-        return self._alive_ids(), self._records()
-
-    def _compute_answers(self, alive: list[str], records: Mapping[str, NodeRecord]) -> Answers:
-        answers: Answers = {}
-        for node_id in alive:
-            rec = records.get(node_id)
-            if rec is not None:  # None: the state was removed since the view was computed
-                answers[node_id] = (ReadOnlyTags(rec.tags), bool(rec.launched))
-        return answers
-
     def is_running(self, node_id: str) -> bool:
-        answer = self._answers.get(node_id)
-        return answer[1] if answer is not None else self._read_running(node_id)
-
-    def _read_running(self, node_id: str) -> bool:
-        rec = self._records().get(node_id)
-        return bool(rec and rec.launched and node_id in self._alive_view()[1])
+        return self._answering().running(node_id)
 
     def is_terminated(self, node_id: str) -> bool:
-        """Not from the round's answers: Ray's updater polls it alone, in wait loops."""
-        return node_id not in self._alive_view()[1]
+        """Not from the last listing: Ray's updater polls it alone, in wait loops."""
+        return node_id not in self._fresh_round().shown
 
     def node_tags(self, node_id: str) -> dict[str, str]:
-        """The node's tags: from the round's answers a read-only dict (``ReadOnlyTags``,
-        shared between calls), else a copy read from the state."""
-        answer = self._answers.get(node_id)
-        return answer[0] if answer is not None else self._read_tags(node_id)
-
-    def _read_tags(self, node_id: str) -> dict[str, str]:
-        rec = self._records().get(node_id)
-        return dict(rec.tags) if rec else {}
+        """The node's tags: when listed, a read-only dict (``ReadOnlyTags``, shared between
+        calls), else a copy."""
+        return self._answering().tags_of(node_id)
 
     def internal_ip(self, node_id: str) -> str:
-        """The address the node's Ray runs on; cached, because Ray's autoscaler asks it of
-        every node each round and a node id's address never changes (a node started again
-        gets a new id)."""
+        """The address the node's Ray runs on; for the allocation's nodes cached, because
+        Ray's autoscaler asks it of every node each round and such a node id's address
+        never changes (a node started again gets a new id)."""
+        if self.pool is not None and self.pool.owns(node_id):
+            return self.pool.internal_ip(node_id)
         if node_id in self._ips:
             return self._ips[node_id]
         ip = self.state.read_marker(node_id, Marker.IP)
@@ -371,7 +351,7 @@ class SlurmNodeProvider(NodeProvider):
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
         self.state.set_tags(node_id, tags)
-        self._answers = {}
+        self._drop_views()
 
     # ------------------------------------------------------------------ create / terminate
     def _allocation(self) -> Allocation:
@@ -441,7 +421,7 @@ class SlurmNodeProvider(NodeProvider):
         with self.state.lock(timeout=120):
             self.state.check_launchable()
             self._drop_views()  # under the lock: what other processes wrote counts
-            alive = self._alive_view()[1]
+            alive = self._fresh_round().shown
             busy = {rec.slurm_node for node_id, rec in self._records().items() if node_id in alive}
             free = [n for n in candidates if n not in busy][:count]
             if len(free) < count:
@@ -553,14 +533,17 @@ class SlurmNodeProvider(NodeProvider):
         self.terminate_nodes([node_id])
 
     def terminate_nodes(self, node_ids: list[str]) -> None:
+        """Worker jobs go through the pool; the allocation's nodes by their steps: a step
+        whose every live node goes is cancelled whole, a node of a step that stays is
+        signalled alone."""
+        if self.pool is not None:
+            self.pool.terminate([i for i in node_ids if self.pool.owns(i)])
+            node_ids = [i for i in node_ids if not self.pool.owns(i)]
         records = self._records()
         targets = [i for i in node_ids if i in records]
         if not targets:
             return
-        steps = self._job_steps()
-        if steps is UNKNOWN:
-            self._steps = (0.0, UNKNOWN)  # ask squeue now, not in STEP_CACHE_SECONDS
-            steps = self._job_steps()
+        steps = self.steps.answered()  # squeue asked now if it has never answered
         if steps is UNKNOWN:
             raise SlurmCommandError(
                 f"cannot terminate {targets}: squeue does not answer for job {self.job_id}"
@@ -577,28 +560,13 @@ class SlurmNodeProvider(NodeProvider):
                 whole += [sid for sid, name in steps.items() if name == step_name]
             else:
                 for node_id in ids:
-                    self._signal_node(node_id)
+                    signal_node(self.state, node_id, self.job_id)
         cancel_steps(whole, self.job_id, wait=60)
 
         self.state.mark_terminated(targets)
         self._drop_views()
         if all(r.terminated for r in self.state.records().values()):
             self.stop_all()
-
-    def _signal_node(self, node_id: str, job_id: str | None = None) -> None:
-        """Stop one node of a multi-node step: SIGTERM to its node_run, by the PID it
-        recorded, and only while that PID is still that process (``process_identity``)."""
-        command = signal_command(self.state.read_marker(node_id, Marker.PID) or "")
-        slurm_node = self.state.temp_dirs(node_id)[0]  # where its node_run runs
-        if command is None or not slurm_node:
-            return
-        job = job_id or self.job_id
-        argv = srun_argv(job, [slurm_node], command, immediate=slurm_timeout())
-        proc = run_step(
-            argv, f"stopping node {node_id} (an srun to {slurm_node} in job {job})", SIGNAL_TIMEOUT
-        )
-        if proc.returncode == 3:
-            logger.info("node %s: its recorded process has already ended; nothing signalled", node_id)
 
     # ------------------------------------------------------------------ runner
     def get_command_runner(

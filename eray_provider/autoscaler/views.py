@@ -14,11 +14,23 @@ out the same object for as long as nothing changed (``ClusterState.read``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Generic, NoReturn, TypeVar
 
+from ray.autoscaler.tags import (
+    NODE_KIND_WORKER,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+
+from ..plan.node_record import NodeRecord
+from ..plan.sbatch import parse_elastic_node_id
 from ..runtime.cluster_state import READ_FRESH_SECONDS
+from ..slurm.squeue import JobInfo
 
 T = TypeVar("T")
 
@@ -64,31 +76,92 @@ class Memo(Generic[T]):
         self._inputs = self._value = None
 
 
-class LiveView:
-    """A provider's live node ids (in order, and as a set), computed from its inputs and
-    reused while they are the same objects; for ``READ_FRESH_SECONDS`` (the state's own
-    freshness) the inputs are not even asked for. ``drop`` after the provider's own
-    writes and under the lock, where other processes' writes must count."""
+class FreshView(Generic[T]):
+    """A value computed from some inputs (``Memo``), whose inputs are not even asked for
+    during ``READ_FRESH_SECONDS`` (the state's own freshness). ``drop`` after the
+    provider's own writes and under the lock, where other processes' writes must count."""
 
     def __init__(self) -> None:
-        self._memo: Memo[tuple[list[str], frozenset[str]]] = Memo()
-        self._view: tuple[list[str], frozenset[str]] | None = None
+        self._memo: Memo[T] = Memo()
+        self._value: T | None = None
         self._stamp = 0.0
 
-    def get(
-        self, inputs: Callable[[], tuple[Any, ...]], compute: Callable[..., list[str]]
-    ) -> tuple[list[str], frozenset[str]]:
+    def get(self, inputs: Callable[[], tuple[Any, ...]], compute: Callable[..., T]) -> T:
         now = monotonic()
-        if self._view is not None and now - self._stamp < READ_FRESH_SECONDS:
-            return self._view
-        self._view = self._memo.get(inputs(), lambda *args: _with_set(compute(*args)))
-        self._stamp = now
-        return self._view
+        if self._value is None or now - self._stamp >= READ_FRESH_SECONDS:
+            self._value = self._memo.get(inputs(), compute)
+            self._stamp = now
+        return self._value
 
     def drop(self) -> None:
-        self._view = None
+        self._value = None
         self._memo.drop()
 
+    def expire(self) -> None:
+        """Ask for the inputs at the next call (they may still be the same objects)."""
+        self._stamp = float("-inf")
 
-def _with_set(ids: list[str]) -> tuple[list[str], frozenset[str]]:
-    return ids, frozenset(ids)
+
+#: A node's answers to ``node_tags`` and ``is_running``.
+Answer = tuple[ReadOnlyTags, bool]
+#: live worker jobs of the head: job id -> (SLURM's listing of it, node type)
+WorkerJobs = Mapping[str, tuple[JobInfo, str]]
+
+
+def adopted_tags(found: tuple[JobInfo, str] | None) -> dict[str, str]:
+    """The tags of a worker node whose record was lost, adopted from squeue: what its job
+    name says; none for a node that squeue does not list either."""
+    if found is None:
+        return {}
+    return {
+        TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+        TAG_RAY_USER_NODE_TYPE: found[1],
+        TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE,
+    }
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The elastic worker nodes as one round sees them (``worker_pool``)."""
+
+    workers: WorkerJobs
+    #: the worker nodes shown to the autoscaler, with their answers, in order
+    answers: Mapping[str, Answer]
+    #: replacement node id -> the node it replaces, of the pairs the records hold
+    successors: Mapping[str, str]
+    #: worker nodes alive, shown or hidden
+    alive: frozenset[str]
+    #: alive nodes whose node_run stands by for its handover
+    standing_by: frozenset[str]
+
+
+NO_POOL = PoolView({}, {}, {}, frozenset(), frozenset())
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one read of the records, the markers and SLURM's listings says of every node:
+    the nodes shown to the autoscaler (``answers``, in order: the allocation's, then the
+    worker jobs'), and what a node not shown is answered (``tags_of``)."""
+
+    records: Mapping[str, NodeRecord]
+    answers: Mapping[str, Answer]
+    #: the ids in ``answers``, for O(1) ``is_terminated``
+    shown: frozenset[str]
+    pool: PoolView = NO_POOL
+
+    def tags_of(self, node_id: str) -> dict[str, str]:
+        """A node's tags: the shared read-only answer when shown, else a copy (a worker
+        without a record: what its job's name says)."""
+        answer = self.answers.get(node_id)
+        if answer is not None:
+            return answer[0]
+        rec = self.records.get(node_id)
+        if rec is not None:
+            return dict(rec.tags)
+        parsed = parse_elastic_node_id(node_id)
+        return adopted_tags(self.pool.workers.get(parsed[0])) if parsed else {}
+
+    def running(self, node_id: str) -> bool:
+        answer = self.answers.get(node_id)
+        return answer is not None and answer[1]

@@ -46,7 +46,7 @@ HEAD_MODES = ("auto", "job", "allocation")
 DEFAULT_PENDING_TIMEOUT_S = 24 * 3600
 #: Seconds between the head's autoscaler rounds (``AUTOSCALER_UPDATE_INTERVAL_S``; Ray's
 #: default is 5): demand reaches sbatch sooner, and a round costs the provider a few ms
-#: with one squeue per ``JOB_CACHE_SECONDS`` at most.
+#: with one squeue per ``listings.LISTING_SECONDS`` at most.
 DEFAULT_AUTOSCALER_INTERVAL_S = 1
 #: How long an elastic ``ray up`` waits for the head's job to start.
 DEFAULT_HEAD_START_TIMEOUT_S = 900.0

@@ -167,4 +167,12 @@ def elastic_node_id(job_id: str, index: int) -> str:
     return f"j{job_id}-{index}"
 
 
+def parse_elastic_node_id(node_id: str) -> tuple[str, int] | None:
+    """``j<job>-<index>`` -> (job, index); None for the ids of the allocation's nodes."""
+    if not node_id.startswith("j"):
+        return None
+    job, _, index = node_id[1:].partition("-")
+    return (job, int(index)) if job.isdigit() and index.isdigit() else None
+
+
 # ---------------------------------------------------------------------- squeue

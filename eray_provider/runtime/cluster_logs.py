@@ -14,7 +14,6 @@ ends with the node's Ray, or on Ctrl-C; no step outlives this command.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ from ..plan.markers import Marker
 from ..plan.modules import NODE_LOGS, python_m
 from ..plan.names import check_cluster_name, step_name
 from ..slurm.client import slurm_timeout
-from ..slurm.srun import clean_env, srun_argv, stop_foreground_step
+from ..slurm.srun import spawn_step, srun_argv, stop_foreground_step
 from .cluster_state import ClusterState
 from .node_logs import DEFAULT_COMPONENTS, check_components, collected, show
 from .process_identity import parse_identity
@@ -165,7 +164,7 @@ def _follow(state: ClusterState, n: NodeLogs, components: list[str]) -> int:
     name = logs_step_name(state.cluster_name)
     argv = srun_argv(n.slurm_job, [n.slurm_node], command, name=name, immediate=slurm_timeout())
     sys.stdout.flush()
-    proc = subprocess.Popen(argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = spawn_step(argv)
     try:
         return proc.wait()
     finally:
@@ -201,9 +200,7 @@ def _read_live(state: ClusterState, nodes: list[NodeLogs], components: list[str]
                         immediate=slurm_timeout(),
                         output=str(out / f"{job}.%N"),
                     )
-                    proc = subprocess.Popen(
-                        argv, env=clean_env(os.environ), stdin=subprocess.DEVNULL, start_new_session=True
-                    )
+                    proc = spawn_step(argv)
                     running.append((job, name, proc))
                 deadline = time.monotonic() + LIVE_READ_TIMEOUT
                 for job, _name, proc in running:

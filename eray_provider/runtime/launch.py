@@ -11,6 +11,7 @@ is up in one node's start time, not two. Teardown cancels exactly this cluster's
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import secrets
@@ -31,7 +32,7 @@ from ..plan.names import is_cluster_step, step_name
 from ..plan.ports import PortPlan, PortPlanError, candidates, choose_probed, next_to_probe
 from ..plan.provider_config import ProviderConfig
 from ..slurm.allocation import Allocation
-from ..slurm.client import SlurmCommandError
+from ..slurm.client import SlurmCommandError, slurm_timeout
 from ..slurm.hostlist import compress
 from ..slurm.srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
 from . import stop_signals
@@ -47,7 +48,10 @@ from .port_probe import (
     merge_reports,
     parse_reports,
 )
+from .process_identity import signal_command
 from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
+
+logger = logging.getLogger(__name__)
 
 HEAD_READY_TIMEOUT = 300.0
 #: A launched node whose step squeue does not list yet is still starting for this long.
@@ -510,6 +514,26 @@ def gcs_alive(state: ClusterState, address: str, timeout: float = 30) -> dict[st
     if proc.returncode != 0:
         return None
     return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+
+
+#: Seconds the srun that signals one node's process may take.
+SIGNAL_TIMEOUT = 60.0
+
+
+def signal_node(state: ClusterState, node_id: str, job_id: str) -> None:
+    """Stop one node of a multi-node step or job (``job_id``): SIGTERM to its node_run, by
+    the PID it recorded, and only while that PID is still that process
+    (``process_identity``); nothing when it recorded none."""
+    command = signal_command(state.read_marker(node_id, Marker.PID) or "")
+    slurm_node = state.temp_dirs(node_id)[0]  # where its node_run runs
+    if command is None or not slurm_node:
+        return
+    argv = srun_argv(job_id, [slurm_node], command, immediate=slurm_timeout())
+    proc = run_step(
+        argv, f"stopping node {node_id} (an srun to {slurm_node} in job {job_id})", SIGNAL_TIMEOUT
+    )
+    if proc.returncode == 3:
+        logger.info("node %s: its recorded process has already ended; nothing signalled", node_id)
 
 
 class TeardownError(LaunchError):

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from ..slurm.srun import clean_env, stop_foreground_step
+from ..slurm.srun import spawn_step, stop_foreground_step
 from .relay import CLOSE, GREETING, OPEN, Decoder, encode, encode_data
 
 #: Frames (of at most 64 KiB) held for one local connection that does not read them.
@@ -63,13 +63,7 @@ class RelayClient:
     def __init__(self, argv: list[str], step: tuple[str, str] | None = None) -> None:
         """``step``: (job, step name) of the srun step ``argv`` holds, for ``stop``."""
         self.step = step
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=clean_env(os.environ),
-            start_new_session=True,  # Ctrl-C reaches us, and we end the step in order
-        )
+        self.proc = spawn_step(argv, pipes=True)  # Ctrl-C reaches us; we end the step in order
         self._lock = threading.Lock()
         self._channels: dict[int, _Channel] = {}
         self._next = 0

@@ -123,6 +123,21 @@ def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str])
         os.close(fd)
 
 
+def spawn_step(argv: Sequence[str], *, pipes: bool = False) -> subprocess.Popen[bytes]:
+    """Start an srun client that the caller waits on (a log reader, a relay), in its own
+    session so that a Ctrl-C reaches the caller alone, which then ends the step in order;
+    with SLURM's variables of the calling step hidden (``clean_env``). ``pipes``: stdin and
+    stdout are pipes to the caller, else stdin is closed and stdout is the caller's."""
+    pipe = subprocess.PIPE if pipes else None
+    return subprocess.Popen(
+        list(argv),
+        stdin=pipe if pipes else subprocess.DEVNULL,
+        stdout=pipe,
+        env=clean_env(os.environ),
+        start_new_session=True,
+    )
+
+
 def list_steps(job_id: str) -> dict[str, str] | None:
     """Step id -> step name of the job's running steps; None when SLURM says the job is
     gone. ``SlurmCommandError`` when squeue could not answer (retried): never a guess."""

@@ -225,7 +225,7 @@ def test_a_dotted_elastic_cluster_name_is_refused() -> None:
 
 
 def test_pending_worker_jobs_are_said_once_per_reason() -> None:
-    from eray_provider.autoscaler.elastic import pending_news
+    from eray_provider.autoscaler.worker_pool import pending_news
     from eray_provider.slurm.squeue import JobInfo
 
     def jobs(reason12: str) -> dict[str, JobInfo]:

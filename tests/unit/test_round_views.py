@@ -12,7 +12,7 @@ import pytest
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS
 from test_slurm_failures import _provider, fake
 
-from eray_provider.autoscaler.views import LiveView, Memo
+from eray_provider.autoscaler.views import FreshView, Memo
 from eray_provider.runtime.cluster_state import READ_FRESH_SECONDS, ClusterState
 
 LISTING = "echo '77.0 eray.c.head.1'; echo '77.1 eray.c.worker.2'\n"
@@ -35,8 +35,8 @@ def test_a_memo_is_reused_only_for_the_very_same_inputs() -> None:
     assert memo.get((b, a), compute) == 4
 
 
-def test_a_live_view_asks_for_its_inputs_again_only_after_the_freshness_window() -> None:
-    view = LiveView()
+def test_a_fresh_view_asks_for_its_inputs_again_only_after_the_freshness_window() -> None:
+    view: FreshView[list] = FreshView()
     records = [{"n1": 1}]
     asked = []
 
@@ -44,14 +44,14 @@ def test_a_live_view_asks_for_its_inputs_again_only_after_the_freshness_window()
         asked.append(1)
         return (records[0],)
 
-    assert view.get(inputs, lambda r: list(r))[1] == frozenset({"n1"})
+    assert view.get(inputs, lambda r: list(r)) == ["n1"]
     records[0] = {"n1": 1, "n2": 2}
-    assert view.get(inputs, lambda r: list(r))[0] == ["n1"]  # inside the window
+    assert view.get(inputs, lambda r: list(r)) == ["n1"]  # inside the window
     assert len(asked) == 1
     time.sleep(READ_FRESH_SECONDS + 0.05)
-    assert view.get(inputs, lambda r: list(r))[0] == ["n1", "n2"]
+    assert view.get(inputs, lambda r: list(r)) == ["n1", "n2"]
     view.drop()
-    assert view.get(inputs, lambda r: list(r))[0] == ["n1", "n2"] and len(asked) == 3
+    assert view.get(inputs, lambda r: list(r)) == ["n1", "n2"] and len(asked) == 3
 
 
 def test_node_tags_and_is_running_answer_from_the_round(bindir: Path, tmp_path: Path) -> None:
@@ -105,3 +105,63 @@ def test_is_terminated_does_not_wait_for_a_round(bindir: Path, tmp_path: Path) -
     other.mark_terminated(["n2.2"])
     time.sleep(READ_FRESH_SECONDS + 0.05)
     assert provider.is_terminated("n2.2")
+
+
+def test_the_elastic_providers_worker_nodes_are_answered_by_its_worker_pool(
+    bindir: Path, tmp_path: Path
+) -> None:
+    """One round answers both parts: the head (a step of the head's job, from its record)
+    and the worker jobs (from squeue's job listing), a worker without a record adopted by
+    its job's name; each per-node call goes to the part that owns the node."""
+    from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
+
+    from eray_provider.autoscaler.elastic import SlurmJobProvider
+    from eray_provider.plan.elastic_config import fill_elastic_config
+    from eray_provider.plan.ports import choose_plan
+    from eray_provider.slurm.allocation import Allocation, NodeShare
+
+    rows = [
+        "501|RUNNING|2|w[1-2]|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",
+        "502|PENDING|1||Priority|1:00:00|Unknown|2:00:00|eray.c.77.cpu",
+        "503|RUNNING|1|w9|None|1:00:00|Unknown|2:00:00|eray.other.77.cpu",  # another cluster's
+    ]
+    listing = "\n".join(rows)
+    steps = 'echo "77.0 eray.c.head.1"'
+    fake(bindir, "squeue", f'case "$*" in *" -s "*) {steps};; *) printf "%s\\n" "{listing}";; esac\n')
+    yaml = {
+        "cluster_name": "c",
+        "max_workers": 4,
+        "provider": {"type": "external", "module": "x", "state_dir": str(tmp_path / "state")},
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"node_config": {"sbatch": {"cpus_per_node": 2}}},
+            "cpu": {"min_workers": 0, "max_workers": 4, "node_config": {"sbatch": {"cpus_per_node": 2}}},
+        },
+    }
+    head_alloc = Allocation("77", (NodeShare("n1", 2, 0, None, 4000),))
+    config = fill_elastic_config(yaml, head_alloc, python="python3")
+    state = ClusterState("c", "77", tmp_path / "state")
+    state.create()
+    state.save_ports(choose_plan("77", []))
+    state.save_cluster_config({"provider": config["provider"]})
+    doc = state.read()
+    head = {"slurm_node": "n1", "role": "head", "gen": 1, "tags": {TAG_RAY_NODE_KIND: "head"}}
+    doc["nodes"]["n1.1"] = {**head, "launched": time.time() - 600, "step_name": "eray.c.head.1"}
+    worker_tags = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "cpu", TAG_RAY_NODE_STATUS: "mine"}
+    worker = {"slurm_job": "501", "role": "worker", "tags": worker_tags, "created": time.time()}
+    doc["nodes"]["j501-0"] = worker
+    state.write(doc)
+
+    provider = SlurmJobProvider(config["provider"], "c")
+    assert provider.non_terminated_nodes({}) == ["n1.1", "j501-0", "j501-1", "j502-0"]
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "worker"}) == ["j501-0", "j501-1", "j502-0"]
+    assert provider.node_tags("j501-0")[TAG_RAY_NODE_STATUS] == "mine"  # its record's
+    assert provider.node_tags("j501-1") == {  # adopted: what its job's name says
+        TAG_RAY_NODE_KIND: "worker",
+        TAG_RAY_USER_NODE_TYPE: "cpu",
+        TAG_RAY_NODE_STATUS: "up-to-date",
+    }
+    assert [provider.is_running(i) for i in ("n1.1", "j501-1", "j502-0")] == [True, True, False]
+    assert provider.internal_ip("j501-1") == "w2" and provider.internal_ip("n1.1") == "n1"
+    assert provider.is_terminated("j503-0") and not provider.is_terminated("j502-0")
+    assert provider.node_tags("j503-0") == {}  # another cluster's job is not adopted
