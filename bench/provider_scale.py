@@ -25,7 +25,7 @@ The synthetic cluster (``--nodes`` N, default 10,000):
 - ``SlurmJobProvider``: the head in job 4242, N worker nodes as N / ``--nodes-per-job``
   running SLURM jobs (default 1 node per job, as the shipped ``slurm-autoscale.yaml``:
   the longest squeue listing and scancel argv), with records and markers as
-  ``_submit_workers`` and ``node_run`` write them.
+  ``WorkerPool.submit_workers`` and ``node_run`` write them.
 
 Paths, one line each (time; fake calls; largest argument / environment string built):
 
@@ -699,9 +699,9 @@ def replacing_round(
 ) -> Result:
     """(b2): the round of (b) as the head's autoscaler makes it with
     ``replace_before_end_s`` on: every job has a 1-hour limit and ends in 40 minutes (none
-    due, but each listing weighs them all: ``_replace_ending``), and 1% of them are being
+    due, but each listing weighs them all: ``WorkerPool._replace_ending``), and 1% of them are being
     replaced by a running job, half of those handed over (old hidden, replacement shown),
-    half standing by (``_hand_over`` looks at them every call). The synthetic state is put
+    half standing by (``WorkerPool.after_round`` looks at them every call). The synthetic state is put
     back afterwards."""
     from eray_provider.autoscaler.elastic import SlurmJobProvider
 

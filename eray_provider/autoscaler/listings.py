@@ -2,7 +2,7 @@
 
 Each is one squeue call, kept for a few seconds and shared by every node of a round (no
 subprocess per node). A listing hands out the same object until squeue is asked again, so
-that the round built from it (``round_view``) is reused by identity. A failed squeue keeps
+that the round built from it (``SlurmNodeProvider._fresh_round``) is reused by identity. A failed squeue keeps
 the last answer: it says nothing about the steps or jobs (only SLURM's own answer does).
 """
 

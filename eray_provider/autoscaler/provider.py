@@ -73,6 +73,7 @@ from ..runtime.ray_compat import cli_logger, require_supported_ray
 from ..slurm.allocation import Allocation, AllocationError, JobGoneError
 from ..slurm.client import SlurmCommandError, known_cluster_name, running_allocation
 from ..slurm.env import job_id_from_env
+from ..slurm.squeue import JobInfo
 from ..slurm.srun import cancel_steps, job_state
 from .command_runner import SrunCommandRunner
 from .config_cache import UnsafeConfigCacheError, cache_path, refuse_unsafe, write_private
@@ -256,9 +257,12 @@ class SlurmNodeProvider(NodeProvider):
 
     def _answering(self) -> Round:
         """The round per-node calls answer from: the last listing's, else a fresh one."""
-        return self._round or self._fresh_round()
+        listed = self._round  # read once: another thread may drop it
+        return listed if listed is not None else self._fresh_round()
 
-    def _round_inputs(self) -> tuple[Any, ...]:
+    def _round_inputs(
+        self,
+    ) -> tuple[Mapping[str, NodeRecord], frozenset[str], StepNames | None, dict[str, JobInfo] | None]:
         records = self._records()
         markers = self.state.markers()
         needs_steps = any(r.launched and not r.terminated for r in records.values())
@@ -267,7 +271,11 @@ class SlurmNodeProvider(NodeProvider):
         return records, markers, steps, jobs
 
     def _build_round(
-        self, records: Mapping[str, NodeRecord], markers: frozenset[str], steps: StepNames | None, jobs: Any
+        self,
+        records: Mapping[str, NodeRecord],
+        markers: frozenset[str],
+        steps: StepNames | None,
+        jobs: dict[str, JobInfo] | None,
     ) -> Round:
         """The allocation's live nodes (``node_phase.end_of``: SLURM's word is the listing
         of the job's steps; None: the job has ended; ``UNKNOWN``: no answer yet), then
@@ -287,7 +295,7 @@ class SlurmNodeProvider(NodeProvider):
             if end_of(rec, marker_test(node_id, markers), slurm, grace) is None:
                 answers[node_id] = (ReadOnlyTags(rec.tags), bool(rec.launched))
         pool = NO_POOL
-        if self.pool is not None:
+        if self.pool is not None and jobs is not None:
             pool = self.pool.view(records, markers, jobs, now)
             answers.update(pool.answers)
         return Round(records, answers, frozenset(answers), pool)

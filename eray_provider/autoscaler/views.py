@@ -66,11 +66,13 @@ class Memo(Generic[T]):
         self._value: T | None = None
 
     def get(self, inputs: tuple[Any, ...], compute: Callable[..., T]) -> T:
-        held = self._inputs
+        held, value = self._inputs, self._value
         if held is None or len(held) != len(inputs) or any(a is not b for a, b in zip(held, inputs)):
-            self._value = compute(*inputs)
-            self._inputs = inputs
-        return self._value  # type: ignore[return-value]
+            value = compute(*inputs)
+            self._value, self._inputs = value, inputs
+        # the local, not the field: a drop() from another thread (Ray's v2 adapter launches
+        # and terminates on executor threads) must not turn this answer into None
+        return value  # type: ignore[return-value]
 
     def drop(self) -> None:
         self._inputs = self._value = None
@@ -87,11 +89,11 @@ class FreshView(Generic[T]):
         self._stamp = 0.0
 
     def get(self, inputs: Callable[[], tuple[Any, ...]], compute: Callable[..., T]) -> T:
-        now = monotonic()
-        if self._value is None or now - self._stamp >= READ_FRESH_SECONDS:
-            self._value = self._memo.get(inputs(), compute)
-            self._stamp = now
-        return self._value
+        now, value = monotonic(), self._value
+        if value is None or now - self._stamp >= READ_FRESH_SECONDS:
+            value = self._memo.get(inputs(), compute)
+            self._value, self._stamp = value, now
+        return value  # a local, as in Memo.get
 
     def drop(self) -> None:
         self._value = None

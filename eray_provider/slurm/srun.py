@@ -128,11 +128,10 @@ def spawn_step(argv: Sequence[str], *, pipes: bool = False) -> subprocess.Popen[
     session so that a Ctrl-C reaches the caller alone, which then ends the step in order;
     with SLURM's variables of the calling step hidden (``clean_env``). ``pipes``: stdin and
     stdout are pipes to the caller, else stdin is closed and stdout is the caller's."""
-    pipe = subprocess.PIPE if pipes else None
     return subprocess.Popen(
         list(argv),
-        stdin=pipe if pipes else subprocess.DEVNULL,
-        stdout=pipe,
+        stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if pipes else None,
         env=clean_env(os.environ),
         start_new_session=True,
     )
