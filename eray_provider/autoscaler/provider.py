@@ -166,9 +166,10 @@ class SlurmNodeProvider(NodeProvider):
         self.job_id = job_id
         self.state = ClusterState(self.cluster_name, job_id, self.settings.state_dir)
         self.steps = StepListing(job_id)
-        #: the round being read (``_fresh_round``), and the one the last listing answered
+        #: the round being read (``_fresh_round``), and the answers of the last listing's
+        #: (a field of their own: a dict lookup is all a per-node call of a round costs)
         self._view: FreshView[Round] = FreshView()
-        self._round: Round | None = None
+        self._answers: Mapping[str, Answer] = {}
         self._ips: dict[str, str] = {}
         self.pool = self._worker_pool()
 
@@ -180,7 +181,7 @@ class SlurmNodeProvider(NodeProvider):
         """After this provider's own writes, and under the lock where other processes'
         writes must count: the next call reads the state file again."""
         self._view.drop()
-        self._round = None
+        self._answers = {}
 
     @staticmethod
     def _check_cached_config(provider_config: dict[str, Any], job: str | None) -> None:
@@ -255,11 +256,6 @@ class SlurmNodeProvider(NodeProvider):
         squeue listings hand out the same object while nothing changed)."""
         return self._view.get(self._round_inputs, self._build_round)
 
-    def _answering(self) -> Round:
-        """The round per-node calls answer from: the last listing's, else a fresh one."""
-        listed = self._round  # read once: another thread may drop it
-        return listed if listed is not None else self._fresh_round()
-
     def _round_inputs(
         self,
     ) -> tuple[Mapping[str, NodeRecord], frozenset[str], StepNames | None, dict[str, JobInfo] | None]:
@@ -310,7 +306,8 @@ class SlurmNodeProvider(NodeProvider):
         stop_signals.check()  # `ray up`'s main thread polls here for the head: a lost stop
         if self.pool is not None:
             self.pool.before_round()
-        self._round = listed = self._fresh_round()
+        listed = self._fresh_round()
+        self._answers = listed.answers
         if self.pool is not None:
             self.pool.after_round(listed)
         if not tag_filters:
@@ -328,7 +325,8 @@ class SlurmNodeProvider(NodeProvider):
         ]
 
     def is_running(self, node_id: str) -> bool:
-        return self._answering().running(node_id)
+        answer = self._answers.get(node_id)
+        return answer[1] if answer is not None else self._fresh_round().running(node_id)
 
     def is_terminated(self, node_id: str) -> bool:
         """Not from the last listing: Ray's updater polls it alone, in wait loops."""
@@ -337,7 +335,8 @@ class SlurmNodeProvider(NodeProvider):
     def node_tags(self, node_id: str) -> dict[str, str]:
         """The node's tags: when listed, a read-only dict (``ReadOnlyTags``, shared between
         calls), else a copy."""
-        return self._answering().tags_of(node_id)
+        answer = self._answers.get(node_id)
+        return answer[0] if answer is not None else self._fresh_round().tags_of(node_id)
 
     def internal_ip(self, node_id: str) -> str:
         """The address the node's Ray runs on; for the allocation's nodes cached, because

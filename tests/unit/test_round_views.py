@@ -68,7 +68,7 @@ def test_node_tags_and_is_running_answer_from_the_round(bindir: Path, tmp_path: 
     mine["mutated"] = "in a copy"
     assert provider.node_tags("n2.2") == {TAG_RAY_NODE_KIND: "worker"}
     assert json.loads(json.dumps(tags)) == {TAG_RAY_NODE_KIND: "worker"}
-    # a node outside the round has its record's answers (none here), not assumed ones
+    # a node outside the round is read from the state, not assumed
     assert provider.node_tags("n9.9") == {} and not provider.is_running("n9.9")
 
 
