@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py
 test: $(STAMP)
 	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
 	$(VENV)/bin/mypy
-	ERAY_TESTBED_SLURM=25.11 $(PY) -m pytest -ra tests
+	ERAY_TESTBED_SLURM=25.11 $(PY) -m pytest -ra --durations=40 tests
 	ERAY_TESTBED_SLURM=22.05 PYTHON=$(PYTHON) scripts/compat
 
 compat: $(STAMP)
