@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hostlist_cases import expression, names
@@ -102,6 +103,9 @@ def test_login_side_reads_job_through_scontrol(testbed: Testbed, allocation: str
         },
     )
     assert alloc.source == "scontrol" and alloc.job_id == allocation
+    # the bed's job ids start where no earlier bed's on this machine did (FirstJobId)
+    first = json.loads(Path(testbed.root, "state.json").read_text())["first_job_id"]
+    assert first >= 1000 and first <= int(allocation) < first + 100_000
     assert [(n.name, n.cpus, n.gpus, n.memory_mb) for n in alloc.nodes] == [
         (f"node{k}", 2, 2, 1500) for k in (1, 2, 3)
     ]
