@@ -16,8 +16,13 @@ from eray_provider.runtime.stop_signals import StopSignal, shielded, stop_signal
 
 @pytest.fixture(autouse=True)
 def _fresh_scope():
-    """Each test starts with nothing received and no scope open, and leaves none."""
+    """Each test starts with nothing received and no scope open, and leaves none; and from
+    the dispositions of a Python started from a terminal, whatever this run inherited (a
+    runner may start it with SIGINT ignored, as ``cmd &`` does in a shell without job
+    control, and ``install`` rightly leaves an ignored signal ignored)."""
     before = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
+    for s in stop_signals.STOP_SIGNALS:
+        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
     stop_signals.received.clear()
     yield
     stop_signals.received.clear()
