@@ -1,16 +1,20 @@
 """Run by ``ray submit`` on the replacement test's elastic cluster: keeps a load on the
-workers and samples the GCS every half second for ``SECONDS`` (argv[1]) once
-``WORKERS`` (argv[2]) workers have joined; tasks last ``TASK_SECONDS`` (argv[3]).
+workers and samples the GCS every half second for at most ``SECONDS`` (argv[1]) once
+``WORKERS`` (argv[2]) workers have joined; tasks last ``TASK_SECONDS`` (argv[3]). Once
+the file ``STOP`` (argv[4], on a file system the nodes share) exists, it samples
+``TAIL_SECONDS`` more and ends: the test writes it when what it waits for has happened.
 
 The load: one task of 1 CPU at a time per worker, each a few seconds long, submitted
 again as each ends (a drained node gets no new ones). Prints ``JOINED`` once the first
 workers are alive, then ``SAMPLE <t> <alive worker jobs> <draining jobs>`` on each
-change and a last ``SUMMARY <json>``: the fewest alive workers seen, every worker job
-seen with its first and last second alive, and how many tasks ran on each job."""
+change, ``RAN <job>`` as each task ends, and a last ``SUMMARY <json>``: the fewest alive
+workers seen, every worker job seen with its first and last second alive, how many tasks
+ran on each job, and the seconds it sampled."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -21,6 +25,9 @@ from eray_provider.runtime.ray_compat import draining_nodes
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 150.0
 WORKERS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 TASK_SECONDS = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
+STOP = sys.argv[4] if len(sys.argv) > 4 else ""
+#: Sampled after STOP appears: the last samples of nodes that just left.
+TAIL_SECONDS = 5.0
 
 
 @ray.remote(num_cpus=1)
@@ -60,11 +67,15 @@ def main() -> None:
     task = work.options(label_selector={"slurm-job": f"!{head_job}"})
     pending = [task.remote(TASK_SECONDS) for _ in range(WORKERS)]
     last = None
-    while time.time() - start < SECONDS:
+    end = start + SECONDS
+    while time.time() < end:
+        if STOP and end > time.time() + TAIL_SECONDS and os.path.exists(STOP):
+            end = time.time() + TAIL_SECONDS
         done, pending = ray.wait(pending, timeout=0.5)
         for ref in done:
             job = ray.get(ref)
             ran[job] = ran.get(job, 0) + 1
+            print("RAN", job, flush=True)
             pending.append(task.remote(TASK_SECONDS))
         alive, draining = workers(head_job)
         jobs = sorted(set(alive.values()))
@@ -75,7 +86,8 @@ def main() -> None:
         if (jobs, draining) != last:
             print("SAMPLE", t, ",".join(jobs), ",".join(sorted(draining)) or "-", flush=True)
             last = (jobs, draining)
-    summary = {"fewest": fewest, "seen": seen, "ran": ran, "seconds": SECONDS, "start": start}
+    seconds = round(time.time() - start, 1)
+    summary = {"fewest": fewest, "seen": seen, "ran": ran, "seconds": seconds, "start": start}
     print("SUMMARY", json.dumps(summary), flush=True)
 
 

@@ -12,11 +12,14 @@ second beside it, shows each replacement running while the job it replaces still
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -91,11 +94,15 @@ def run_replacement(
     sbatch: dict | None = None,
     wait_for: str = "JOINED",
     most: int | None = None,
+    done: Callable[[list[str], Any, dict], bool] | None = None,
 ):
     """Bring up an elastic cluster whose ``cpu`` type has exactly ``workers`` workers of
-    1 CPU and time limit ``limit``; run ``replace_watch`` on it for ``seconds``; call
-    ``during(cluster)`` once the driver printed ``wait_for`` (the workers joined). ``most``:
-    the type's ``max_workers`` when it is not ``workers``.
+    1 CPU and time limit ``limit``; run ``replace_watch`` on it for at most ``seconds``;
+    call ``during(cluster)`` once the driver printed ``wait_for`` (the workers joined).
+    ``done(lines, happened, jobs)``: whether the driver's output so far, what ``during``
+    returned and the squeue history so far show what the test waits for; the driver then
+    samples a few seconds more and ends, rather than running out ``seconds``. ``most``: the
+    type's ``max_workers`` when it is not ``workers``.
     Returns (the driver's summary, the squeue history, the state's node records, the
     state dir's markers, the head's monitor.log, the driver's output, what ``during``
     returned)."""
@@ -108,28 +115,38 @@ def run_replacement(
     cluster.config.write_text(yaml.safe_dump(config))
     history = SqueueHistory(testbed, f"eray.{name}.")
     driver = None
+    stop = REPO / ".test-output" / f"{name}-{os.getpid()}.stop"  # the nodes see REPO
+    stop.parent.mkdir(exist_ok=True)
+    stop.unlink(missing_ok=True)
     try:
         cluster.up()
         (head_job,) = [j for j, n in cluster.jobs().items() if n.endswith(".head")]
         history.start()
         argv = ["ray", "submit", str(cluster.config), "tests/drivers/replace_watch.py", "--", str(seconds)]
         driver = subprocess.Popen(
-            [*argv, str(workers), str(task_seconds)],
+            [*argv, str(workers), str(task_seconds), str(stop)],
             env=cluster.env,
             cwd=str(REPO),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        lines = []
-        assert driver.stdout is not None
-        for line in driver.stdout:
-            lines.append(line)
-            if wait_for in line:
-                break
-        assert lines and wait_for in lines[-1], "".join(lines[-60:])
+        lines: list[str] = []
+        reader = threading.Thread(target=read_lines, args=(driver, lines), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 300
+        while not any(wait_for in line for line in lines):
+            assert driver.poll() is None and time.monotonic() < deadline, "".join(lines[-60:])
+            time.sleep(0.2)
         happened = during(cluster) if during else None
-        out = "".join(lines) + driver.communicate(timeout=seconds + 300)[0]
+        deadline = time.monotonic() + seconds + 300
+        while driver.poll() is None:
+            assert time.monotonic() < deadline, "".join(lines[-60:])
+            if done is not None and not stop.exists() and done(list(lines), happened, dict(history.jobs)):
+                stop.touch()
+            time.sleep(0.5)
+        reader.join(timeout=30)
+        out = "".join(lines)
         summary = next((line for line in out.splitlines() if line.startswith("SUMMARY ")), None)
         assert driver.returncode == 0 and summary, out[-4000:]
         state_dir = Path.home() / ".eray-provider" / f"{name}-{head_job}"
@@ -144,6 +161,7 @@ def run_replacement(
         ).stdout
     finally:
         history.stop.set()
+        stop.unlink(missing_ok=True)
         if driver is not None and driver.poll() is None:
             driver.kill()
         cluster.down(check=False)
@@ -159,6 +177,40 @@ def run_replacement(
         if key.startswith("log:"):
             (tmp_path / key[len("log:") :]).write_text(text)
     return summary, history.jobs, records, markers, monitor, out, happened
+
+
+def read_lines(proc: subprocess.Popen, lines: list[str]) -> None:
+    """Append ``proc``'s output lines to ``lines`` as they come (a thread's target)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+
+
+def samples(lines: list[str]) -> list[list[str]]:
+    """The alive worker jobs of each ``SAMPLE`` line of the driver, in order."""
+    parts = [line.split() for line in lines if line.startswith("SAMPLE ")]
+    return [part[2].split(",") if len(part) > 2 and part[2] != "-" else [] for part in parts]
+
+
+def ran_on(lines: list[str]) -> set[str]:
+    """The jobs a task of the driver ended on so far."""
+    return {line.split()[1] for line in lines if line.startswith("RAN ") and len(line.split()) > 1}
+
+
+def left_running(jobs: dict, job: str) -> bool:
+    """Whether the squeue history shows ``job`` no longer in its first run."""
+    rec = jobs.get(job)
+    if rec is None or not rec["running"]:
+        return False
+    return len(rec["running"]) > 1 or rec["states"][-1][0] != "RUNNING" or time.time() - rec["last"] > 3
+
+
+def replaced_first_pair(lines: list[str], _happened, _jobs) -> bool:
+    """``done`` of the replacement test: both workers of the first pair left Ray, and a
+    task ended on another worker."""
+    seen = samples(lines)
+    first = set(seen[0]) if seen else set()
+    return bool(first) and not first & set(seen[-1]) and bool(ran_on(lines) - first)
 
 
 def check_replacements(summary, jobs, records, markers, monitor, out, _happened, generations: int) -> None:
@@ -202,7 +254,7 @@ def check_replacements(summary, jobs, records, markers, monitor, out, _happened,
 
 def test_workers_are_replaced_before_their_jobs_end(testbed, tmp_path) -> None:
     provider = {"replace_before_end_s": 60, "end_stagger_s": 20, "drain_before_end_s": 10}
-    result = run_replacement(testbed, tmp_path, "elrepl", "2:00", 110, provider)
+    result = run_replacement(testbed, tmp_path, "elrepl", "2:00", 110, provider, done=replaced_first_pair)
     check_replacements(*result, generations=2)
 
 
@@ -268,6 +320,23 @@ class Preemption:
         assert ended < self.grace + self.kill_wait + 15, (jobs[old], at, self.kill_wait)
 
 
+def preempted_and_replaced(lines: list[str], happened: dict, jobs: dict) -> bool:
+    """``done`` of the preemption test: the preempted job stopped running and left Ray, and
+    a task ended on another worker."""
+    old = happened["job"]
+    seen = samples(lines)
+    return bool(seen) and old not in seen[-1] and left_running(jobs, old) and bool(ran_on(lines) - {old})
+
+
+def requeued_and_back(lines: list[str], happened: dict, jobs: dict) -> bool:
+    """``done`` of the requeue test: the preempted job left Ray, and is back in it running
+    again."""
+    old = happened["job"]
+    present = [old in alive for alive in samples(lines)]
+    gone = present.index(False) if False in present else len(present)
+    return True in present[gone:] and len(jobs.get(old, {}).get("running", [])) > 1
+
+
 #: the cluster of the preemption tests: the head on node1, its one worker elsewhere
 PREEMPT_SBATCH = {"head": {"extra": ["--nodelist=node1"]}, "cpu": {"extra": ["--exclude=node1"]}}
 
@@ -283,6 +352,7 @@ def test_a_preempted_worker_is_drained_and_replaced_within_grace(testbed, tmp_pa
         result = run_replacement(
             *(testbed, tmp_path, "elpre", "30:00", 100, {}, 1, 25, preempt, PREEMPT_SBATCH),
             wait_for="TASK STARTED",
+            done=preempted_and_replaced,
         )
     finally:
         preempt.release()
@@ -316,6 +386,7 @@ def test_a_requeued_worker_comes_back_as_the_same_kind_of_node(testbed, tmp_path
             *(testbed, tmp_path, "elrq", "30:00", 200, {}, 1, 5, preempt, sbatch),
             wait_for="TASK STARTED",
             most=2,
+            done=requeued_and_back,
         )
     finally:
         preempt.release()
@@ -358,8 +429,9 @@ def block_free_cpus(testbed: Testbed) -> list[str]:
 
 
 def test_a_worker_drained_first_gives_way_to_its_pending_replacement(testbed, tmp_path) -> None:
-    """The replacement of a worker's job is submitted (90 s before its end) but cannot start
-    (every CPU is taken), so the worker drains first (45 s before: half its drain lead).
+    """The replacement of a worker's job is submitted (60 s before its end: both leads are
+    capped at half the job's 2-minute limit) but cannot start (every CPU is taken), so the
+    worker drains first (30 s before: half its drain lead).
     The provider then shows the pending replacement in the drained node's place: Ray's
     autoscaler, which replaces a draining node it sees, launches nothing more, and one
     node's capacity is asked of SLURM once. Once the CPUs are free, the replacement runs,
@@ -370,10 +442,10 @@ def test_a_worker_drained_first_gives_way_to_its_pending_replacement(testbed, tm
         (old,) = [j for j, n in cluster.jobs().items() if n.endswith(".cpu")]
         end_text = testbed.run(["squeue", "-h", "-j", old, "-o", "%e"]).stdout.strip()
         end = time.mktime(time.strptime(end_text, "%Y-%m-%dT%H:%M:%S"))
-        time.sleep(max(0.0, end - 100 - time.time()))
+        time.sleep(max(0.0, end - 75 - time.time()))
         blockers.extend(block_free_cpus(testbed))
         state = None
-        deadline = end - 30
+        deadline = end - 25
         new = None
         while time.time() < deadline:  # the replacement is submitted, and pends
             workers = [j for j, n in cluster.jobs().items() if n.endswith(".cpu") and j != old]
@@ -383,7 +455,7 @@ def test_a_worker_drained_first_gives_way_to_its_pending_replacement(testbed, tm
                 break
             time.sleep(1)
         assert new and state and state.startswith("PENDING"), (new, state)
-        time.sleep(max(0.0, end - 45 + 25 - time.time()))  # drained at end - 45, 25 s to react
+        time.sleep(max(0.0, end - 30 + 22 - time.time()))  # drained at end - 30, 22 s to react
         during_drain = sorted(j for j, n in cluster.jobs().items() if n.endswith(".cpu"))
         for job in blockers:
             testbed.cancel(job)
@@ -391,7 +463,10 @@ def test_a_worker_drained_first_gives_way_to_its_pending_replacement(testbed, tm
 
     provider = {"replace_before_end_s": 90, "drain_before_end_s": 100, "end_stagger_s": 0}
     try:
-        result = run_replacement(testbed, tmp_path, "eldrain", "3:00", 200, provider, 1, 3, starve)
+        result = run_replacement(
+            *(testbed, tmp_path, "eldrain", "2:00", 200, provider, 1, 3, starve),
+            done=lambda lines, happened, _jobs: happened["new"] in ran_on(lines),
+        )
     finally:
         for job in blockers:
             testbed.cancel(job)
