@@ -15,13 +15,14 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Every test on Slurm 25.11 (built once per machine from vendor/); scripts/compat's live smoke
-# tests on the oldest Ray run on Slurm 22.05 (Debian's package): both ends of each range.
+# Every live test on Slurm 25.11 (built once per machine from vendor/), then scripts/compat: the
+# unit suite in .venv and on every other Python at once, and the live smoke tests on the oldest
+# Ray on Slurm 22.05 (Debian's package): both ends of each range.
 test: $(STAMP)
 	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
 	$(VENV)/bin/mypy
-	ERAY_TESTBED_SLURM=25.11 $(PY) -m pytest -ra --durations=40 tests
-	ERAY_TESTBED_SLURM=22.05 PYTHON=$(PYTHON) scripts/compat
+	ERAY_TESTBED_SLURM=25.11 $(PY) -m pytest -ra --durations=40 -m "(slurm or ray) and not soak" tests
+	ERAY_TESTBED_SLURM=22.05 PYTHON=$(PYTHON) MAIN_VENV=$(VENV) scripts/compat
 
 compat: $(STAMP)
 	PYTHON=$(PYTHON) scripts/compat
