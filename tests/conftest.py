@@ -37,9 +37,11 @@ def testbed() -> Iterator[Testbed]:
     started = False
     slurm = os.environ.get("ERAY_TESTBED_SLURM", "22.05")  # or 25.11 (`make test`)
     if status.returncode != 0:
-        # the checkout (and its .venv) must be visible on the nodes, as on a shared file system
+        # the checkout (and its .venv) must be visible on the nodes, as on a shared file system;
+        # the newest Slurm runs pyxis and enroot, as container sites do
+        containers = ["--containers"] if slurm == "25.11" else []
         up = subprocess.run(
-            [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO), "--slurm", slurm],
+            [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO), "--slurm", slurm, *containers],
             capture_output=True,
             text=True,
             timeout=1200,

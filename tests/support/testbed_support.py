@@ -36,12 +36,17 @@ class Testbed:
     def __init__(self, root: str) -> None:
         self.root = root
         self.env = dict(os.environ, SLURM_CONF=f"{root}/etc/slurm.conf")
-        try:  # a bed of a Slurm built here (``up --slurm 25.11``): its commands come first
-            self.bindir = json.loads(Path(root, "state.json").read_text()).get("bindir") or ""
+        try:
+            state = json.loads(Path(root, "state.json").read_text())
         except (OSError, ValueError):
-            self.bindir = ""
-        if self.bindir:
-            self.env["PATH"] = f"{self.bindir}:{self.env['PATH']}"
+            state = {}
+        #: a bed of a Slurm built here (``up --slurm 25.11``): its commands come first
+        self.bindir: str = state.get("bindir") or ""
+        #: pyxis and enroot (``up --containers``): enroot's prefix, "" without
+        self.enroot: str = (state.get("containers") or {}).get("enroot") or ""
+        dirs = [d for d in (self.bindir, self.enroot and f"{self.enroot}/bin") if d]
+        if dirs:  # enroot on PATH, as a site installs it on every node
+            self.env["PATH"] = ":".join([*dirs, self.env["PATH"]])
 
     def run(self, args: Sequence[str], timeout: float = 60, check: bool = True, **kw):
         proc = subprocess.run(
@@ -113,19 +118,23 @@ OTHER_USER = "eray-mallory"
 
 
 def other_user() -> str:
-    """The second user's name, created (no home, no login shell) when missing."""
+    """The second user's name, created (no home) when missing. Its shell is /bin/sh, as a
+    site's users have one: enroot starts a container through the user's login shell."""
+    import fcntl
     import pwd
 
-    try:
-        pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        proc = subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            require(f"cannot create the second user {OTHER_USER}: {proc.stderr.strip()}")
+    # one process at a time: make test runs unit suites side by side
+    with open("/run/lock/eray-test-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            shell = pwd.getpwnam(OTHER_USER).pw_shell
+            argv = ["usermod", "--shell", "/bin/sh", OTHER_USER] if shell != "/bin/sh" else None
+        except KeyError:
+            argv = ["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", OTHER_USER]
+        if argv:
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            if proc.returncode != 0:
+                require(f"cannot make the second user {OTHER_USER}: {proc.stderr.strip()}")
     return OTHER_USER
 
 

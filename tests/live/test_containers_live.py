@@ -1,0 +1,113 @@
+"""pyxis and enroot on the test bed (``slurm-testbed up --containers``), as a site runs them.
+
+The bed's slurmd loads pyxis 0.24.0 (``plugstack.conf``), enroot 4.1.2 keeps its data under
+each node's private /tmp, and ``scripts/test-image`` makes the test image: Debian 12, its
+Python, and the Ray and JAX of this suite. What eray-provider's container mode will rest on
+is shown here on real steps: a step runs in the image, as root and as another user (in a
+user namespace of its own, not as root); a second step of the job enters the running named
+container and sees its private /tmp, which a step outside it does not; the named container
+outlives its step and job (pyxis' default ``container_scope=global``) until ``enroot
+remove`` takes it, which leaves nothing of it on the node."""
+
+from __future__ import annotations
+
+import json
+import pwd
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import pytest
+import ray
+from testbed_support import REPO, Testbed, other_user, require
+
+pytestmark = [pytest.mark.slurm]
+
+#: What a step prints of the world it runs in.
+PROBE = (
+    "import json, os, sys, ray, jax; print('PROBE ' + json.dumps({'ray': ray.__version__, "
+    "'jax': jax.__version__, 'python': '%d.%d' % sys.version_info[:2], 'uid': os.getuid(), "
+    "'os': open('/etc/os-release').read().split('VERSION_CODENAME=')[1].split()[0], "
+    f"'host_python': os.path.exists({sys.executable!r})}}))"
+)
+
+
+@pytest.fixture(scope="module")
+def image(testbed: Testbed) -> str:
+    """The test image (built once per machine and recipe), on a bed that has pyxis."""
+    if "--container-image" not in testbed.run(["srun", "--help"]).stdout or not testbed.enroot:
+        require("the test bed has no pyxis/enroot: bring it up with `slurm-testbed up --containers`")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "test-image")], capture_output=True, text=True, timeout=1800
+    )
+    if proc.returncode != 0:
+        require(f"scripts/test-image failed: {proc.stderr.strip()[-3000:]}")
+    return proc.stdout.strip()
+
+
+def probe(testbed: Testbed, argv: list[str], user: str | None = None) -> dict:
+    env_argv = ["env", f"PATH={testbed.env['PATH']}", f"SLURM_CONF={testbed.env['SLURM_CONF']}"]
+    prefix = ["runuser", "-u", user, "--", *env_argv] if user else []
+    out = testbed.run([*prefix, *argv, "python3", "-c", PROBE], timeout=300, cwd="/").stdout
+    (line,) = [line for line in out.splitlines() if line.startswith("PROBE ")]
+    return json.loads(line[len("PROBE ") :])
+
+
+def test_a_step_runs_in_the_test_image_as_root_and_as_another_user(testbed: Testbed, image: str) -> None:
+    for user in (None, other_user()):
+        seen = probe(testbed, ["srun", "-N1", "-w", "node2", f"--container-image={image}"], user)
+        # the image's Debian, Python and Ray; not the host's Python
+        assert seen["os"] == "bookworm" and not seen["host_python"], seen
+        assert (seen["ray"], seen["jax"]) == (ray.__version__, jax.__version__), seen
+        assert seen["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}", seen
+        # the caller's own uid inside, not root (pyxis' default: no --container-remap-root)
+        assert seen["uid"] == (pwd.getpwnam(user).pw_uid if user else 0), seen
+
+
+def test_a_named_container_is_entered_by_the_jobs_next_steps_and_removed_by_enroot(
+    testbed: Testbed, image: str
+) -> None:
+    job = testbed.salloc("-N1", "-w", "node3", "-c1", "--mem=500", "-J", "eray-test-container")
+    name = f"eray-test-{job}"
+    step = ["srun", f"--jobid={job}", "--overlap", "--quiet"]
+    holder = None
+    try:
+        holder = subprocess.Popen(
+            [*step, f"--container-image={image}", f"--container-name={name}", "bash", "-c",
+             "echo mine > /tmp/marker && echo HELD && exec sleep 600"],
+            env=testbed.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert holder.stdout is not None
+        lines = []
+        bound = threading.Timer(300, holder.kill)  # a step that never starts ends the wait
+        bound.start()
+        for line in holder.stdout:
+            lines.append(line)
+            if line.startswith("HELD"):
+                break
+        bound.cancel()
+        assert lines and lines[-1].startswith("HELD"), "".join(lines)
+        # a step that enters the running container sees its /tmp (a tmpfs of that container)
+        inside = testbed.run([*step, f"--container-name={name}:exec", "cat", "/tmp/marker"], timeout=120)
+        assert inside.stdout.strip() == "mine", inside
+        # a step outside it does not: the node's /tmp is another file system
+        outside = testbed.run([*step, "cat", "/tmp/marker"], check=False)
+        assert outside.returncode != 0 and "mine" not in outside.stdout, outside
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=60)
+        testbed.cancel(job)
+    # the named container outlives the job (pyxis' global scope) until enroot removes it
+    data = "/tmp/enroot-0/data"
+    deadline = time.monotonic() + 120
+    while testbed.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} did not end"
+        time.sleep(1)
+    listed = testbed.on_node("node3", f"ls {data}").stdout.split()
+    assert f"pyxis_{name}" in listed, listed
+    enroot = f"{testbed.enroot}/bin/enroot"
+    testbed.on_node("node3", f"{enroot} remove -f pyxis_{name}")
+    assert f"pyxis_{name}" not in testbed.on_node("node3", f"ls {data}").stdout.split()
