@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..slurm.allocation import Allocation
+from .container import ContainerConfig
 from .drain import (
     DEFAULT_DRAIN_LEAD_SECONDS,
     DEFAULT_REPLACE_LEAD_SECONDS,
@@ -192,6 +193,7 @@ CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "autoscaler_interval_s": _integer(1),
     "replace_before_end_s": _lead("replace once gone"),
     "end_stagger_s": _lead("no stagger"),
+    "container": ContainerConfig.from_value,
 }
 
 
@@ -220,6 +222,8 @@ class ProviderConfig:
     collect_logs_total_mb: float = DEFAULT_TOTAL_CAP_MB
     drain_before_end_s: float = DEFAULT_DRAIN_LEAD_SECONDS
     wait_for_workers: bool = True
+    #: every node's Ray in this image (``plan.container``); None: on the nodes themselves
+    container: ContainerConfig | None = None
     # elastic clusters only (ELASTIC_KEYS)
     sbatch: Mapping[str, Any] | None = None
     head: str = "auto"
@@ -271,6 +275,8 @@ class ProviderConfig:
             "disable_node_updaters": True,
             "use_internal_ips": True,
         }
+        if self.container is not None:
+            out["container"] = self.container.to_dict()
         if self.elastic:
             out.update(
                 replace_before_end_s=self.replace_before_end_s,

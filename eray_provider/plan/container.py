@@ -1,0 +1,128 @@
+"""``provider.container``: every Ray node of a cluster in the user's image, and how a step
+reaches it. Pure: the config, typed, and the arguments a step's ``srun`` gets.
+
+A node's long-lived step (``node_run``, which starts Ray) creates the node's container from
+the image under one name per cluster and job (``container_name``); every later step on that
+node that must see what Ray sees (``ray exec``/``attach``/``submit``, setup commands,
+``eray-provider logs``, the end-of-job cleanup) enters that running container
+(``--container-name=NAME:exec``), so that it shares the container's ``/tmp`` (a tmpfs of
+its own under enroot's stock mounts) and its view of the file systems. What the nodes need
+of the login side is mounted at the same paths: the cluster's state dir (markers, the
+token), and the eray-provider package the nodes import (so the image needs Ray and its
+dependencies, not eray-provider).
+
+Runners: ``pyxis`` (``srun --container-*``, NVIDIA's SPANK plugin over enroot). The keys are
+the runner's common ground (image, mounts, workdir, env, writable, root) so that an
+Apptainer runner (``apptainer exec`` inside the step) can be added without new keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..errors import ConfigError
+
+RUNNERS = ("pyxis",)
+
+
+class ContainerConfigError(ConfigError):
+    """``provider.container`` is malformed."""
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """``provider.container``, checked."""
+
+    #: what pyxis imports: a squashfs file (``/path/image.sqsh``), or a registry reference
+    #: (``nvcr.io#nvidia/pytorch:24.05-py3``, ``docker://...``)
+    image: str
+    #: ``pyxis`` (the only runner so far)
+    runner: str = "pyxis"
+    #: more mounts, each ``SRC[:DST[:FLAGS]]`` as pyxis' ``--container-mounts`` takes them
+    mounts: tuple[str, ...] = ()
+    #: the working dir inside (default: the image's)
+    workdir: str | None = None
+    #: variables set inside, over the image's
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: a writable root file system (default: read-only, as pyxis' ``--container-readonly``)
+    writable: bool = False
+    #: run as root inside (pyxis' ``--container-remap-root``); default: the user's own uid
+    root: bool = False
+
+    @classmethod
+    def from_value(cls, value: Any, where: str = "provider.container") -> ContainerConfig | None:
+        """Parse the YAML's value (None: no container). Names the key and quotes the value
+        of anything wrong; an unknown key is refused with the valid ones listed."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = {"image": value}
+        if not isinstance(value, Mapping):
+            raise ContainerConfigError(f"{where} must be a mapping (image: ...) or an image, got {value!r}")
+        known = {f.name for f in fields(cls)}
+        for key in value:
+            if key not in known:
+                raise ContainerConfigError(
+                    f"{where}.{key} is not a container setting; valid keys: " + ", ".join(sorted(known))
+                )
+        image = value.get("image")
+        if not isinstance(image, str) or not image.strip() or "," in image:
+            raise ContainerConfigError(f"{where}.image must be an image (a path, a reference), got {image!r}")
+        runner = value.get("runner", "pyxis")
+        if runner not in RUNNERS:
+            raise ContainerConfigError(f"{where}.runner must be one of {list(RUNNERS)}, got {runner!r}")
+        mounts = value.get("mounts") or []
+        if not isinstance(mounts, list) or not all(isinstance(m, str) and m and "," not in m for m in mounts):
+            raise ContainerConfigError(f"{where}.mounts must be a list of SRC[:DST[:FLAGS]], got {mounts!r}")
+        workdir = value.get("workdir")
+        if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+            raise ContainerConfigError(f"{where}.workdir must be an absolute path, got {workdir!r}")
+        env = value.get("env") or {}
+        if not isinstance(env, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in env):
+            raise ContainerConfigError(f"{where}.env must map variable names to values, got {env!r}")
+        flags = {}
+        for key in ("writable", "root"):
+            flag = value.get(key, False)
+            if not isinstance(flag, bool):
+                raise ContainerConfigError(f"{where}.{key} must be true or false, got {flag!r}")
+            flags[key] = flag
+        return cls(
+            image=image.strip(),
+            runner=runner,
+            mounts=tuple(mounts),
+            workdir=workdir,
+            env={k: str(v) for k, v in env.items()},
+            **flags,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["mounts"], out["env"] = list(self.mounts), dict(self.env)
+        return out
+
+
+def container_name(cluster: str, job_id: str) -> str:
+    """The name of a cluster's container on each node of a job: pyxis keeps it (under
+    enroot's data path, as ``pyxis_<name>``) until ``enroot remove`` takes it."""
+    return f"eray.{cluster}.{job_id}"
+
+
+def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> list[str]:
+    """The ``srun`` arguments of a node's long-lived step: the container made from the
+    image, with ``same_path`` (the state dir, the package) mounted where they are outside."""
+    mounts = [*(f"{path}:{path}" for path in same_path), *config.mounts]
+    args = [f"--container-image={config.image}", f"--container-name={name}"]
+    if mounts:
+        args.append("--container-mounts=" + ",".join(mounts))
+    if config.workdir:
+        args.append(f"--container-workdir={config.workdir}")
+    args.append("--container-writable" if config.writable else "--container-readonly")
+    args.append("--container-remap-root" if config.root else "--no-container-remap-root")
+    return args
+
+
+def enter_args(name: str) -> list[str]:
+    """The ``srun`` arguments of a step that enters a node's running container."""
+    return [f"--container-name={name}:exec"]

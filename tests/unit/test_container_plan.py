@@ -1,0 +1,63 @@
+"""``provider.container``: the config's checks and the pyxis arguments of a node's steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from eray_provider.plan.container import (
+    ContainerConfig,
+    ContainerConfigError,
+    container_name,
+    enter_args,
+    start_args,
+)
+
+
+def test_an_image_alone_is_a_config_with_the_safe_defaults() -> None:
+    config = ContainerConfig.from_value("/images/train.sqsh")
+    assert config == ContainerConfig(image="/images/train.sqsh")
+    assert (config.writable, config.root, config.runner) == (False, False, "pyxis")
+    assert ContainerConfig.from_value(None) is None
+    assert ContainerConfig.from_value(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"imgae": "b"}, ".imgae is not a container setting; valid keys: env, image, mounts"),
+        ({"image": ""}, ".image must be an image"),
+        ({"image": "a.sqsh,b.sqsh"}, ".image must be an image"),
+        ({"runner": "docker"}, ".runner must be one of ['pyxis'], got 'docker'"),
+        ({"mounts": "/data"}, ".mounts must be a list"),
+        ({"workdir": "rel"}, ".workdir must be an absolute path, got 'rel'"),
+        ({"env": {"A B": 1}}, ".env must map variable names"),
+        ({"root": "yes"}, ".root must be true or false, got 'yes'"),
+    ],
+)
+def test_a_bad_container_value_is_named_and_quoted(value: dict, named: str) -> None:
+    with pytest.raises(ContainerConfigError) as e:
+        ContainerConfig.from_value({"image": "a.sqsh", **value})
+    assert str(e.value).startswith("provider.container" + named), str(e.value)
+    with pytest.raises(ContainerConfigError, match=r"a mapping \(image: ...\) or an image, got \[.a.\]"):
+        ContainerConfig.from_value(["a"])
+
+
+def test_a_nodes_step_makes_the_container_and_later_steps_enter_it() -> None:
+    config = ContainerConfig.from_value(
+        {"image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/data:/data:ro"], "workdir": "/work"}
+    )
+    assert config is not None
+    name = container_name("train", "4242")
+    args = start_args(config, name, ["/home/u/.eray-provider/train-4242", "/tmp"])
+    assert args == [
+        "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+        "--container-name=eray.train.4242",
+        "--container-mounts=/home/u/.eray-provider/train-4242:/home/u/.eray-provider/train-4242,/tmp:/tmp,/data:/data:ro",
+        "--container-workdir=/work",
+        "--container-readonly",
+        "--no-container-remap-root",
+    ]
+    assert enter_args(name) == ["--container-name=eray.train.4242:exec"]
+    root = start_args(ContainerConfig(image="i.sqsh", writable=True, root=True), name, [])
+    assert root[-2:] == ["--container-writable", "--container-remap-root"]
+    assert not any("mounts" in a for a in root)
