@@ -58,6 +58,7 @@ from ..runtime.cluster_state import ClusterState, ClusterStoppingError
 from ..runtime.launch import (
     STEP_GRACE_SECONDS,
     LaunchError,
+    ensure_container_plan,
     ensure_port_plan,
     gcs_alive,
     head_log,
@@ -395,6 +396,7 @@ class SlurmNodeProvider(NodeProvider):
                 state.mark_requested(live[0], tags)
                 return live[0]
             self._own_start()
+            ensure_container_plan(state, self.settings)
             ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.settings))
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])

@@ -18,6 +18,7 @@ Apptainer runner (``apptainer exec`` inside the step) can be added without new k
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -111,8 +112,9 @@ def container_name(cluster: str, job_id: str) -> str:
 
 def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> list[str]:
     """The ``srun`` arguments of a node's long-lived step: the container made from the
-    image, with ``same_path`` (the state dir, the package) mounted where they are outside."""
-    mounts = [*(f"{path}:{path}" for path in same_path), *config.mounts]
+    image, with ``same_path`` (the state dir, the package) mounted where they are outside
+    (an entry with a ``:`` is taken as a mount as it is)."""
+    mounts = [*(path if ":" in path else f"{path}:{path}" for path in same_path), *config.mounts]
     args = [f"--container-image={config.image}", f"--container-name={name}"]
     if mounts:
         args.append("--container-mounts=" + ",".join(mounts))
@@ -126,3 +128,46 @@ def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> 
 def enter_args(name: str) -> list[str]:
     """The ``srun`` arguments of a step that enters a node's running container."""
     return [f"--container-name={name}:exec"]
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """How a cluster's steps reach its container on each node of its job: made once when
+    the cluster is planned and kept in its state dir (``container.json``), read by every
+    process that starts a step (the launcher, the head's autoscaler, ``ray exec``, the
+    teardown)."""
+
+    #: the named container on each node (``container_name``)
+    name: str
+    #: ``srun`` arguments of a step that may have to make or start the container (the port
+    #: probe, a node's long-lived step): joins it when it already runs
+    start: tuple[str, ...]
+    #: ``srun`` arguments of a step that enters the running container
+    enter: tuple[str, ...]
+    #: the variables a node's step sets inside, over the image's: the package's path on
+    #: ``PYTHONPATH`` and the user's ``env``
+    env: Mapping[str, str]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"name": self.name, "start": self.start, "enter": self.enter, "env": dict(self.env)}
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContainerPlan:
+        return cls(data["name"], tuple(data["start"]), tuple(data["enter"]), dict(data["env"]))
+
+
+def plan_container(
+    config: ContainerConfig, cluster: str, job_id: str, state_dir: str, temp_base: str, package_root: str
+) -> ContainerPlan:
+    """The plan of a cluster's container: mounted at their own paths are the cluster's state
+    dir (markers, the token, its Ray's HOME), the nodes' temp base (each container start has
+    a tmpfs /tmp of its own otherwise, and the port probe's claims, Ray's temp dirs and the
+    teardown must be one), and the eray-provider package the nodes import (``package_root``
+    holds ``eray_provider/``: the image needs Ray, not eray-provider)."""
+    name = container_name(cluster, job_id)
+    package = f"{package_root.rstrip('/')}/eray_provider"
+    start = start_args(config, name, [state_dir, temp_base, f"{package}:{package}:ro"])
+    env = {**config.env, "PYTHONPATH": package_root}
+    return ContainerPlan(name, tuple(start), tuple(enter_args(name)), env)

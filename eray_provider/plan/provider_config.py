@@ -250,6 +250,11 @@ class ProviderConfig:
             key: CHECKS[key](value, f"provider.{key}") for key, value in provider.items() if key in CHECKS
         }
         config = cls(**{k: v for k, v in values.items() if v is not None or k in _OPTIONAL}, elastic=elastic)
+        if elastic and config.container is not None:
+            raise ClusterConfigError(
+                "provider.container is not supported by elastic clusters yet (SlurmJobProvider): run the "
+                "cluster in an allocation (cluster_yamls/slurm-cluster.yaml)"
+            )
         if elastic:
             clash = check_replace_lead(config.replace_before_end_s, config.drain_before_end_s)
             if clash:
@@ -266,7 +271,8 @@ class ProviderConfig:
         Python chosen: ``python``, else ``provider.python``, else this interpreter)."""
         out = {
             "state_dir": self.state_base(),
-            "python": python or self.python or sys.executable,
+            # in a container: the image's (this interpreter's path means nothing there)
+            "python": python or self.python or ("python3" if self.container else sys.executable),
             "object_store_fraction": self.object_store_fraction,
             "collect_logs_mb": self.collect_logs_mb,
             "collect_logs_total_mb": self.collect_logs_total_mb,

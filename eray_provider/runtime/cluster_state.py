@@ -11,6 +11,7 @@ Layout::
     state.json        node records (plan.node_record), the next generation, elastic
                       node configs, refused node types, the teardown's start
     ports.json        the port plan chosen for the job (every node reads it)
+    container.json    how steps reach the cluster's container (provider.container), if any
     auth_token        Ray token, mode 0600
     cluster.json      the filled cluster config (setup commands, resources)
     home/             HOME of the cluster's Ray processes (ray_bootstrap_config.yaml)
@@ -38,6 +39,7 @@ from typing import Any, TypeVar
 from filelock import FileLock
 
 from ..errors import ClusterError
+from ..plan.container import ContainerPlan
 from ..plan.markers import Marker
 from ..plan.names import LOGS_DIR, check_cluster_name, default_base
 from ..plan.node_record import NodeRecord, Requested, parse_records
@@ -400,6 +402,16 @@ class ClusterState:
 
     def save_ports(self, plan: PortPlan) -> None:
         _write_private(self.dir / "ports.json", plan.to_json())
+
+    def container(self) -> ContainerPlan | None:
+        """How the cluster's steps reach its container (``provider.container``), or None."""
+        try:
+            return ContainerPlan.from_dict(json.loads((self.dir / "container.json").read_text()))
+        except FileNotFoundError:
+            return None
+
+    def save_container(self, plan: ContainerPlan) -> None:
+        _write_private(self.dir / "container.json", plan.to_json())
 
     def claimed_temp_dir(self) -> str | None:
         """The head's temp dir, made private on every node by the port probe before its name

@@ -21,9 +21,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from ..errors import ClusterError, ClusterTimeoutError
 from ..plan import environment
+from ..plan.container import plan_container
 from ..plan.environment import ClusterEnv, host_of
 from ..plan.join_progress import JoinProgress
 from ..plan.markers import Marker
@@ -71,6 +73,21 @@ REMOVE_DIRS = """gone() {
   ls -la -- "$@" >&2; return 1
 }
 """
+
+
+def remove_container(name: str) -> str:
+    """The cleanup's lines that remove the cluster's named container on a node: pyxis keeps
+    it (as ``pyxis_<name>`` under enroot's data path, with its default global scope) after
+    its steps and job have ended. Nothing to do where it is not (never made there, or the
+    site's ``container_scope=job`` removed it); a removal that fails fails the cleanup."""
+    quoted = shlex.quote(f"pyxis_{name}")
+    return (
+        f"if command -v enroot >/dev/null && enroot list | grep -qxF {quoted}; then\n"
+        f"  enroot remove -f {quoted} >&2 || exit 1\n"
+        "fi\n"
+    )
+
+
 #: Seconds the port probe (one srun over the nodes) may take.
 PROBE_TIMEOUT = 120.0
 #: Probe rounds before giving up (4, 16, 64, 256... blocks: more than any port space holds).
@@ -129,6 +146,9 @@ def node_client_env(state: ClusterState, node_id: str) -> dict[str, str]:
         everywhere = True
     if ip and plan and shim and not everywhere:
         env.update(bind_env(shim, ip, [plan], os.environ))
+    container = state.container()
+    if container is not None:  # a driver in the container imports the mounted package too
+        env.update(container.env)
     return env
 
 
@@ -195,6 +215,9 @@ def node_env(
         elastic=elastic,
         replaces=replaces,
     )
+    container = state.container()
+    if container is not None:  # the image's Python imports the package mounted at its path
+        extra = {**container.env, **extra}
     return clean_env(base, {**extra, **launch.to_env()})
 
 
@@ -299,9 +322,14 @@ def _probe(
     """One round of the port probe over every node of ``alloc``: its report per node."""
     args = [*(f"--drop={d}" for d in drop), *map(str, ports)]
     name = step_name(state.cluster_name, "probe")
-    argv = srun_argv(alloc.job_id, alloc.node_names, python_m(python, PORT_PROBE, *args), name=name)
+    container = state.container()
+    command = python_m(python, PORT_PROBE, *args)
+    argv = srun_argv(
+        alloc.job_id, alloc.node_names, command, name=name, container=container.start if container else ()
+    )
     what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
-    proc = run_step(argv, what, PROBE_TIMEOUT, {environment.CLAIM_DIR: claim} if claim else None)
+    env = {**(container.env if container else {}), **({environment.CLAIM_DIR: claim} if claim else {})}
+    proc = run_step(argv, what, PROBE_TIMEOUT, env or None)
     if proc.returncode != 0:
         raise LaunchError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
     try:
@@ -310,6 +338,26 @@ def _probe(
     except ProbeError as e:
         raise LaunchError(f"{what}: {e}") from e
     return found
+
+
+def _start(state: ClusterState) -> tuple[str, ...]:
+    """The container arguments of a node's long-lived step (none without a container)."""
+    container = state.container()
+    return container.start if container else ()
+
+
+def ensure_container_plan(state: ClusterState, settings: ProviderConfig) -> None:
+    """Record how the cluster's steps reach its container (``provider.container``), once:
+    every step the cluster starts after this reads it from the state dir."""
+    if settings.container is None or state.container() is not None:
+        return
+    import eray_provider
+
+    root = str(Path(eray_provider.__file__).resolve().parent.parent)
+    plan = plan_container(
+        settings.container, state.cluster_name, state.job_id, str(state.dir), settings.temp_base, root
+    )
+    state.save_container(plan)
 
 
 def head_log(state: ClusterState, node_id: str):
@@ -328,7 +376,9 @@ def start_head(
         proc = None
         if not rec.launched or state.read_marker(node_id, Marker.EXIT) is not None:
             name = step_name(state.cluster_name, f"head.{rec.gen}")
-            argv = srun_argv(state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name)
+            argv = srun_argv(
+                state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name, container=_start(state)
+            )
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             state.mark_launched([node_id], name)
     return proc
@@ -342,7 +392,9 @@ def launch_workers(
     Under the cluster's lock, so a teardown that has begun (``mark_stopping``) is seen and
     the launch refused, and a teardown that begins later finds the step's record."""
     name = step_name(state.cluster_name, f"workers.{batch}")
-    argv = srun_argv(state.job_id, list(nodes), python_m(python, NODE_RUN), name=name)
+    argv = srun_argv(
+        state.job_id, list(nodes), python_m(python, NODE_RUN), name=name, container=_start(state)
+    )
     env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
     with state.lock(timeout=120):
         state.check_launchable()
@@ -613,16 +665,23 @@ def _remove_temp_dirs(state: ClusterState) -> None:
     argument: for thousands of nodes an argument would exceed the kernel's limit."""
     per_node: dict[str, list[str]] = {}
     # nodes of other jobs (elastic workers) clean up after themselves
-    outside = {i for i, rec in state.records().items() if rec.elastic}
+    records = state.records()
+    outside = {i for i, rec in records.items() if rec.elastic}
     for node_id in sorted(Marker.TMPDIR.node_ids(state.markers()) - outside):
         node, paths = state.temp_dirs(node_id)
         if node and paths:
             per_node.setdefault(node, []).extend(paths)
+    container = state.container()
+    if container is not None:  # every node a step may have made the container on
+        for node_id, rec in records.items():
+            if rec.slurm_node and node_id not in outside and rec.launched:
+                per_node.setdefault(rec.slurm_node, [])
     if not per_node:
         return
     lines = [f"  {shlex.quote(n)}) gone {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]
+    remove = remove_container(container.name) if container is not None else ""
     script = state.save_file(
-        "cleanup.sh", REMOVE_DIRS + 'case "$SLURMD_NODENAME" in\n' + "\n".join(lines) + "\nesac\n"
+        "cleanup.sh", REMOVE_DIRS + remove + 'case "$SLURMD_NODENAME" in\n' + "\n".join(lines) + "\nesac\n"
     )
     nodes = sorted(per_node)
     name = step_name(state.cluster_name, "cleanup")

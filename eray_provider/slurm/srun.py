@@ -46,12 +46,14 @@ def srun_argv(
     immediate: float | None = None,
     unbuffered: bool = False,
     output: str | None = None,
+    container: Sequence[str] = (),
 ) -> list[str]:
     """One step with one task on each of ``nodes``; ``immediate``: seconds srun may wait
     for the step to be created (``--immediate``) before it gives up, as ssh's
     ``ConnectTimeout`` bounds the connection and not the command; ``unbuffered``: the
     tasks' output as it comes (srun holds it until a newline otherwise); ``output``: a
-    file pattern for each task's output (``%N``: the node's name), written on the node."""
+    file pattern for each task's output (``%N``: the node's name), written on the node;
+    ``container``: the container runner's arguments (``plan.container.ContainerPlan``)."""
     argv = [
         "srun",
         f"--jobid={job_id}",
@@ -74,7 +76,7 @@ def srun_argv(
         argv.append("--unbuffered")
     if output:
         argv.append(f"--output={output}")
-    return [*argv, *command]
+    return [*argv, *container, *command]
 
 
 def bash_command(cmd: str, env: Mapping[str, str] | None = None) -> list[str]:
