@@ -24,7 +24,6 @@ from ray.autoscaler.command_runner import CommandRunnerInterface
 
 from ..errors import ConfigError
 from ..plan.cluster_config import LAUNCH_HEAD
-from ..plan.markers import Marker
 from ..runtime.cluster_state import ClusterState
 from ..runtime.launch import node_client_env
 from ..runtime.ray_compat import cli_logger, runner_error
@@ -138,17 +137,9 @@ class SrunCommandRunner(CommandRunnerInterface):
         )
 
     def _container(self) -> tuple[str, ...]:
-        """A command runs in the node's container (``provider.container``): it enters the
-        running one once the node's Ray runs, else makes or starts it (setup commands)."""
+        """A command runs in an instance of the node's container (``provider.container``)."""
         container = self.state.container()
-        if container is None:
-            return ()
-        running = self.state.read_marker(self.node_id, Marker.IP) is not None
-        return (
-            container.enter
-            if running and self.state.read_marker(self.node_id, Marker.EXIT) is None
-            else container.start
-        )
+        return container.args if container else ()
 
     def _env(self) -> dict[str, str]:
         return clean_env(os.environ)

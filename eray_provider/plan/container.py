@@ -1,15 +1,19 @@
 """``provider.container``: every Ray node of a cluster in the user's image, and how a step
 reaches it. Pure: the config, typed, and the arguments a step's ``srun`` gets.
 
-A node's long-lived step (``node_run``, which starts Ray) creates the node's container from
-the image under one name per cluster and job (``container_name``); every later step on that
-node that must see what Ray sees (``ray exec``/``attach``/``submit``, setup commands,
-``eray-provider logs``, the end-of-job cleanup) enters that running container
-(``--container-name=NAME:exec``), so that it shares the container's ``/tmp`` (a tmpfs of
-its own under enroot's stock mounts) and its view of the file systems. What the nodes need
-of the login side is mounted at the same paths: the cluster's state dir (markers, the
-token), and the eray-provider package the nodes import (so the image needs Ray and its
-dependencies, not eray-provider).
+The first step of a cluster on a node (the port probe) makes the node's container from the
+image under one name per cluster and job (``container_name``): pyxis unpacks the image once
+into a root file system it keeps under that name. Every later step there (the node's
+long-lived ``node_run``, which starts Ray; ``ray exec``/``attach``/``submit``, setup
+commands) starts in that same root file system with the same mounts
+(``--container-name=NAME:no_exec``: a new instance, never a join of a running one, which
+needs the namespaces of one process of it and takes no time to start). What the steps must
+share is mounted at the same paths in every instance: the nodes' temp base (each instance
+would have a tmpfs ``/tmp`` of its own under enroot's stock mounts; the port probe's claims,
+Ray's temp dirs and sockets, and the teardown must be one), the cluster's state dir
+(markers, the token, its Ray's HOME), and the eray-provider package the nodes import (so the
+image needs Ray and its dependencies, not eray-provider). ``/dev/shm`` is the node's in
+every instance (enroot's stock mounts), so drivers reach the object store.
 
 Runners: ``pyxis`` (``srun --container-*``, NVIDIA's SPANK plugin over enroot). The keys are
 the runner's common ground (image, mounts, workdir, env, writable, root) so that an
@@ -111,11 +115,12 @@ def container_name(cluster: str, job_id: str) -> str:
 
 
 def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> list[str]:
-    """The ``srun`` arguments of a node's long-lived step: the container made from the
-    image, with ``same_path`` (the state dir, the package) mounted where they are outside
-    (an entry with a ``:`` is taken as a mount as it is)."""
+    """The ``srun`` arguments of a step of the cluster on a node: an instance of its named
+    container (made from the image by the first), with ``same_path`` (the state dir, the
+    package) mounted where they are outside (an entry with a ``:`` is taken as a mount as
+    it is)."""
     mounts = [*(path if ":" in path else f"{path}:{path}" for path in same_path), *config.mounts]
-    args = [f"--container-image={config.image}", f"--container-name={name}"]
+    args = [f"--container-image={config.image}", f"--container-name={name}:no_exec"]
     if mounts:
         args.append("--container-mounts=" + ",".join(mounts))
     if config.workdir:
@@ -123,11 +128,6 @@ def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> 
     args.append("--container-writable" if config.writable else "--container-readonly")
     args.append("--container-remap-root" if config.root else "--no-container-remap-root")
     return args
-
-
-def enter_args(name: str) -> list[str]:
-    """The ``srun`` arguments of a step that enters a node's running container."""
-    return [f"--container-name={name}:exec"]
 
 
 @dataclass(frozen=True)
@@ -139,35 +139,53 @@ class ContainerPlan:
 
     #: the named container on each node (``container_name``)
     name: str
-    #: ``srun`` arguments of a step that may have to make or start the container (the port
-    #: probe, a node's long-lived step): joins it when it already runs
-    start: tuple[str, ...]
-    #: ``srun`` arguments of a step that enters the running container
-    enter: tuple[str, ...]
+    #: ``srun`` arguments of every step of the cluster on a node (``start_args``)
+    args: tuple[str, ...]
     #: the variables a node's step sets inside, over the image's: the package's path on
     #: ``PYTHONPATH`` and the user's ``env``
     env: Mapping[str, str]
+    #: the login side's Ray and Python (``major.minor``), which the image's must be
+    ray: str = ""
+    python: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"name": self.name, "start": self.start, "enter": self.enter, "env": dict(self.env)}
-        )
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)} | {"env": dict(self.env)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ContainerPlan:
-        return cls(data["name"], tuple(data["start"]), tuple(data["enter"]), dict(data["env"]))
+        return cls(
+            data["name"], tuple(data["args"]), dict(data["env"]), data.get("ray", ""), data.get("python", "")
+        )
+
+    def mismatch(self, ray: str, python: str) -> str | None:
+        """Why an image whose Ray is ``ray`` and Python ``python`` cannot run this cluster,
+        or None: the login side's ``ray`` commands and clients speak to it."""
+        if (ray, python) == (self.ray, self.python):
+            return None
+        return (
+            f"the container image has Ray {ray} and Python {python}, the login side Ray {self.ray} "
+            f"and Python {self.python}: they must match (install the login side's Ray in the "
+            "image, or run ray up from a Python with the image's)"
+        )
 
 
 def plan_container(
-    config: ContainerConfig, cluster: str, job_id: str, state_dir: str, temp_base: str, package_root: str
+    config: ContainerConfig,
+    cluster: str,
+    job_id: str,
+    state_dir: str,
+    temp_base: str,
+    package_root: str,
+    versions: tuple[str, str],
 ) -> ContainerPlan:
     """The plan of a cluster's container: mounted at their own paths are the cluster's state
     dir (markers, the token, its Ray's HOME), the nodes' temp base (each container start has
     a tmpfs /tmp of its own otherwise, and the port probe's claims, Ray's temp dirs and the
     teardown must be one), and the eray-provider package the nodes import (``package_root``
-    holds ``eray_provider/``: the image needs Ray, not eray-provider)."""
+    holds ``eray_provider/``: the image needs Ray, not eray-provider). ``versions``: the
+    login side's Ray and Python, which every node checks its own against."""
     name = container_name(cluster, job_id)
     package = f"{package_root.rstrip('/')}/eray_provider"
-    start = start_args(config, name, [state_dir, temp_base, f"{package}:{package}:ro"])
+    args = start_args(config, name, [state_dir, temp_base, f"{package}:{package}:ro"])
     env = {**config.env, "PYTHONPATH": package_root}
-    return ContainerPlan(name, tuple(start), tuple(enter_args(name)), env)
+    return ContainerPlan(name, tuple(args), env, *versions)

@@ -32,7 +32,7 @@ from ..plan.markers import Marker
 from ..plan.modules import GCS_PROBE, NODE_RUN, PORT_PROBE, python_m
 from ..plan.names import is_cluster_step, step_name
 from ..plan.ports import PortPlan, PortPlanError, candidates, choose_probed, next_to_probe
-from ..plan.provider_config import ProviderConfig
+from ..plan.provider_config import Filled, ProviderConfig
 from ..slurm.allocation import Allocation
 from ..slurm.client import SlurmCommandError, slurm_timeout
 from ..slurm.hostlist import compress
@@ -51,7 +51,7 @@ from .port_probe import (
     parse_reports,
 )
 from .process_identity import signal_command
-from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD
+from .ray_compat import RAY_VERSION_TEXT, WORKER_TEMP_DIR_FROM_HEAD
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,16 @@ REMOVE_DIRS = """gone() {
   ls -la -- "$@" >&2; return 1
 }
 """
+
+
+def _job_nodes(state: ClusterState) -> list[str]:
+    """The nodes of the cluster's job (the head's allocation), or, when its config cannot
+    say, those its records name."""
+    try:
+        return list(Filled.of(state.cluster_config()["provider"]).head_allocation().node_names)
+    except (OSError, KeyError, ValueError):  # ClusterConfigError is a ValueError
+        records = state.records().values()
+        return sorted({rec.slurm_node for rec in records if rec.slurm_node and not rec.elastic})
 
 
 def remove_container(name: str) -> str:
@@ -325,7 +335,7 @@ def _probe(
     container = state.container()
     command = python_m(python, PORT_PROBE, *args)
     argv = srun_argv(
-        alloc.job_id, alloc.node_names, command, name=name, container=container.start if container else ()
+        alloc.job_id, alloc.node_names, command, name=name, container=container.args if container else ()
     )
     what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
     env = {**(container.env if container else {}), **({environment.CLAIM_DIR: claim} if claim else {})}
@@ -343,7 +353,7 @@ def _probe(
 def _start(state: ClusterState) -> tuple[str, ...]:
     """The container arguments of a node's long-lived step (none without a container)."""
     container = state.container()
-    return container.start if container else ()
+    return container.args if container else ()
 
 
 def ensure_container_plan(state: ClusterState, settings: ProviderConfig) -> None:
@@ -354,8 +364,11 @@ def ensure_container_plan(state: ClusterState, settings: ProviderConfig) -> None
     import eray_provider
 
     root = str(Path(eray_provider.__file__).resolve().parent.parent)
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     plan = plan_container(
-        settings.container, state.cluster_name, state.job_id, str(state.dir), settings.temp_base, root
+        settings.container,
+        *(state.cluster_name, state.job_id, str(state.dir), settings.temp_base, root),
+        versions=(RAY_VERSION_TEXT, python),
     )
     state.save_container(plan)
 
@@ -672,10 +685,9 @@ def _remove_temp_dirs(state: ClusterState) -> None:
         if node and paths:
             per_node.setdefault(node, []).extend(paths)
     container = state.container()
-    if container is not None:  # every node a step may have made the container on
-        for node_id, rec in records.items():
-            if rec.slurm_node and node_id not in outside and rec.launched:
-                per_node.setdefault(rec.slurm_node, [])
+    if container is not None:  # every node of the job: the port probe made it on each
+        for node in _job_nodes(state):
+            per_node.setdefault(node, [])
     if not per_node:
         return
     lines = [f"  {shlex.quote(n)}) gone {' '.join(map(shlex.quote, p))};;" for n, p in per_node.items()]

@@ -50,7 +50,7 @@ from .loopback_hold import LoopbackHold, hold_loopback
 from .node_logs import CapReached, collect
 from .port_probe import busy_ports, drop_dir, host_exclusions, port_open
 from .process_identity import identity
-from .ray_compat import WORKER_TEMP_DIR_FROM_HEAD, WORKER_WAITS_FOR_HEAD_NODE
+from .ray_compat import RAY_VERSION_TEXT, WORKER_TEMP_DIR_FROM_HEAD, WORKER_WAITS_FOR_HEAD_NODE
 from .shared_dir import SharedDir, is_private_dir, remove_tree
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
@@ -497,6 +497,12 @@ def main() -> int:
         config = state.cluster_config()
         provider = config["provider"]
         settings, facts = ProviderConfig.from_dict(provider), Filled.of(provider)
+        container = state.container()
+        if container is not None:  # this process runs in the image
+            python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+            mismatch = container.mismatch(RAY_VERSION_TEXT, python)
+            if mismatch:
+                raise NodeRunError(mismatch)
         plan = state.ports()
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")

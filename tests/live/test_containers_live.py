@@ -17,13 +17,15 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import jax
 import pytest
 import ray
+from ray_cluster_support import Cluster, cluster_pids, node_tmp_entries
 from testbed_support import REPO, Testbed, other_user, require
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
 #: What a step prints of the world it runs in.
 PROBE = (
@@ -34,17 +36,25 @@ PROBE = (
 )
 
 
-@pytest.fixture(scope="module")
-def image(testbed: Testbed) -> str:
-    """The test image (built once per machine and recipe), on a bed that has pyxis."""
+def image_of(testbed: Testbed, *versions: str) -> str:
+    """A test image (built once per machine and recipe) of this suite's Ray and JAX, or of
+    ``--ray X --jax Y``, on a bed that has pyxis."""
     if "--container-image" not in testbed.run(["srun", "--help"]).stdout or not testbed.enroot:
         require("the test bed has no pyxis/enroot: bring it up with `slurm-testbed up --containers`")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "test-image")], capture_output=True, text=True, timeout=1800
+        [sys.executable, str(REPO / "scripts" / "test-image"), *versions],
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     if proc.returncode != 0:
         require(f"scripts/test-image failed: {proc.stderr.strip()[-3000:]}")
     return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image(testbed: Testbed) -> str:
+    return image_of(testbed)
 
 
 def probe(testbed: Testbed, argv: list[str], user: str | None = None) -> dict:
@@ -111,3 +121,75 @@ def test_a_named_container_is_entered_by_the_jobs_next_steps_and_removed_by_enro
     enroot = f"{testbed.enroot}/bin/enroot"
     testbed.on_node("node3", f"{enroot} remove -f pyxis_{name}")
     assert f"pyxis_{name}" not in testbed.on_node("node3", f"ls {data}").stdout.split()
+
+
+def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
+    testbed: Testbed, image: str, tmp_path
+) -> None:
+    """``provider.container.image``: every node's Ray runs in the image (the raylet's root is
+    the container's), ``ray exec`` and ``ray submit`` of the JAX example run there too, and
+    ``ray down`` leaves no step, no container and no temp dir on any node."""
+    job = testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-test-incontainer")
+    cluster = Cluster(
+        testbed,
+        job,
+        tmp_path,
+        "incont",
+        provider={"container": {"image": image}, "jax_env": {"JAX_PLATFORMS": "cpu"}},
+    )
+    try:
+        cluster.up()
+        nodes = cluster.wait_nodes(3)
+        assert len(nodes) == 3
+        # each node's raylet runs in the container: the login side's Python is not in its root
+        raylets = [
+            pid
+            for pid in cluster_pids(job, "incont")
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
+        ]
+        assert len(raylets) == 3, raylets
+        for pid in raylets:
+            assert not Path(f"/proc/{pid}/root{sys.executable}").exists(), pid
+            assert Path(f"/proc/{pid}/root/usr/bin/python3").exists(), pid
+        seen = cluster.exec(
+            "python3 -c 'import sys, ray; print(\"INSIDE\", sys.executable, ray.__version__)'"
+        ).stdout
+        assert f"INSIDE /usr/bin/python3 {ray.__version__}" in seen, seen
+        psum = cluster.ray("submit", str(cluster.config), "examples/jax_psum.py", timeout=300).stdout
+        assert "psum and process_allgather correct across 3 processes on 3 nodes" in psum, psum[-3000:]
+    finally:
+        cluster.down(check=False)
+    steps = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout
+    assert "eray." not in steps, steps
+    for node in ("node1", "node2", "node3"):
+        assert node_tmp_entries(testbed, node, job) == []
+        left = testbed.on_node(node, "ls /tmp/enroot-0/data 2>/dev/null || true").stdout.split()
+        assert f"pyxis_eray.incont.{job}" not in left, (node, left)
+    testbed.cancel(job)
+
+
+def test_an_image_of_another_ray_fails_ray_up_naming_both_versions(testbed: Testbed, tmp_path) -> None:
+    """The image's Ray is the oldest supported (2.52), the login side's this suite's: the
+    head's node_run, the first process of the cluster in the image, refuses to start Ray, and
+    ``ray up`` fails within a minute naming both; nothing of the cluster is left."""
+    other = image_of(testbed, "--ray", "2.52.0", "--jax", "0.4.30")
+    job = testbed.salloc("-N2", "-w", "node[1-2]", "-c2", "--mem=2000", "-J", "eray-test-mismatch")
+    cluster = Cluster(testbed, job, tmp_path, "mismatch", provider={"container": {"image": other}})
+    try:
+        start = time.monotonic()
+        proc = cluster.ray("up", "-y", str(cluster.config), check=False, timeout=300)
+        took = time.monotonic() - start
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert (
+            f"the container image has Ray 2.52.0 and Python 3.11, the login side Ray {ray.__version__}" in out
+        ), out[-3000:]
+        assert took < 60, took
+    finally:
+        cluster.down(check=False)
+        testbed.cancel(job)
+    assert "eray." not in testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"], check=False).stdout
+    # the port probe made the container on both nodes: ray down removed it from both
+    for node in ("node1", "node2"):
+        left = testbed.on_node(node, "ls /tmp/enroot-0/data 2>/dev/null || true").stdout.split()
+        assert f"pyxis_eray.mismatch.{job}" not in left, (node, left)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from eray_provider.plan.container import (
     ContainerConfig,
     ContainerConfigError,
+    ContainerPlan,
     container_name,
-    enter_args,
+    plan_container,
     start_args,
 )
 
@@ -42,7 +45,7 @@ def test_a_bad_container_value_is_named_and_quoted(value: dict, named: str) -> N
         ContainerConfig.from_value(["a"])
 
 
-def test_a_nodes_step_makes_the_container_and_later_steps_enter_it() -> None:
+def test_every_step_starts_in_the_named_container_with_the_same_mounts() -> None:
     config = ContainerConfig.from_value(
         {"image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/data:/data:ro"], "workdir": "/work"}
     )
@@ -51,13 +54,33 @@ def test_a_nodes_step_makes_the_container_and_later_steps_enter_it() -> None:
     args = start_args(config, name, ["/home/u/.eray-provider/train-4242", "/tmp"])
     assert args == [
         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
-        "--container-name=eray.train.4242",
+        "--container-name=eray.train.4242:no_exec",
         "--container-mounts=/home/u/.eray-provider/train-4242:/home/u/.eray-provider/train-4242,/tmp:/tmp,/data:/data:ro",
         "--container-workdir=/work",
         "--container-readonly",
         "--no-container-remap-root",
     ]
-    assert enter_args(name) == ["--container-name=eray.train.4242:exec"]
     root = start_args(ContainerConfig(image="i.sqsh", writable=True, root=True), name, [])
     assert root[-2:] == ["--container-writable", "--container-remap-root"]
     assert not any("mounts" in a for a in root)
+
+
+def test_the_plan_mounts_what_the_nodes_share_and_names_a_version_mismatch() -> None:
+    config = ContainerConfig(image="i.sqsh", env={"A": "1"})
+    plan = plan_container(
+        config, "c", "7", "/home/u/.eray-provider/c-7", "/tmp", "/opt/src", ("2.60.0", "3.11")
+    )
+    mounts = next(a for a in plan.args if a.startswith("--container-mounts="))
+    assert mounts.split("=", 1)[1].split(",") == [
+        "/home/u/.eray-provider/c-7:/home/u/.eray-provider/c-7",
+        "/tmp:/tmp",
+        "/opt/src/eray_provider:/opt/src/eray_provider:ro",
+    ]
+    assert plan.env == {"A": "1", "PYTHONPATH": "/opt/src"}
+    assert ContainerPlan.from_dict(json.loads(plan.to_json())) == plan
+    assert plan.mismatch("2.60.0", "3.11") is None
+    assert plan.mismatch("2.52.0", "3.11") == (
+        "the container image has Ray 2.52.0 and Python 3.11, the login side Ray 2.60.0 and Python 3.11: they "
+        "must match (install the login side's Ray in the image, or run ray up from a Python with the image's)"
+    )
+    assert "Python 3.12" in (plan.mismatch("2.60.0", "3.12") or "")
