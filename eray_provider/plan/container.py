@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import ConfigError
+from .names import container_name
 
 RUNNERS = ("pyxis",)
 
@@ -106,12 +107,6 @@ class ContainerConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["mounts"], out["env"] = list(self.mounts), dict(self.env)
         return out
-
-
-def container_name(cluster: str, job_id: str) -> str:
-    """The name of a cluster's container on each node of a job: pyxis keeps it (under
-    enroot's data path, as ``pyxis_<name>``) until ``enroot remove`` takes it."""
-    return f"eray.{cluster}.{job_id}"
 
 
 def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> list[str]:

@@ -70,6 +70,13 @@ def step_name(cluster: str, what: str) -> str:
     return f"{PREFIX}.{check_cluster_name(cluster)}.{what}"
 
 
+def container_name(cluster: str, job_id: str) -> str:
+    """The name of a cluster's container on each node of a job (``provider.container``):
+    pyxis keeps it (under enroot's data path, as ``pyxis_<name>``) until ``enroot remove``
+    takes it."""
+    return f"{PREFIX}.{check_cluster_name(cluster)}.{job_id}"
+
+
 def is_cluster_step(name: str, cluster: str) -> bool:
     """Whether ``name`` is a step of exactly ``cluster``."""
     parsed = _split(name)

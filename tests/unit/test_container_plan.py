@@ -10,10 +10,10 @@ from eray_provider.plan.container import (
     ContainerConfig,
     ContainerConfigError,
     ContainerPlan,
-    container_name,
     plan_container,
     start_args,
 )
+from eray_provider.plan.names import container_name
 
 
 def test_an_image_alone_is_a_config_with_the_safe_defaults() -> None:
