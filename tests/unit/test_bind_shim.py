@@ -8,11 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from port_blocks import reserved_plan
 
 from eray_provider.plan.ports import plan_for_block
 from eray_provider.runtime.bind_shim import BindShimError, bind_env, check_preloaded, port_ranges, shim_path
 
-PLAN = plan_for_block("7", 40960)
+#: the processes below bind real ports: a block no side-by-side suite binds
+PLAN = reserved_plan("7")
 # 127.0.0.2 stands for the node's address: a local address that is not 127.0.0.1
 PROBE = """
 import socket, sys
@@ -60,11 +62,11 @@ def test_wildcard_binds_of_the_clusters_ports_go_to_the_node_and_loopback_follow
 
 
 def test_env_and_ranges() -> None:
-    other = plan_for_block("8", 43008)
+    first, other = plan_for_block("7", 40960), plan_for_block("8", 43008)
     # whole blocks but the dashboard's port (it binds the address it is given)
-    assert port_ranges([PLAN, other, PLAN]) == "40960,40962-41215,43008,43010-43263"
-    assert PLAN.dashboard == 40961 and other.dashboard == 43009
-    env = bind_env("/x/shim.so", "10.0.0.5", [PLAN], {"LD_PRELOAD": "/usr/lib/libfoo.so"})
+    assert port_ranges([first, other, first]) == "40960,40962-41215,43008,43010-43263"
+    assert first.dashboard == 40961 and other.dashboard == 43009
+    env = bind_env("/x/shim.so", "10.0.0.5", [first], {"LD_PRELOAD": "/usr/lib/libfoo.so"})
     assert env["LD_PRELOAD"] == "/x/shim.so /usr/lib/libfoo.so"
     assert env["ERAY_BIND_ADDRESS"] == "10.0.0.5" and env["ERAY_BIND_PORTS"] == "40960,40962-41215"
     assert env["ERAY_HELD_PORTS"] == "40960-40975"  # the named ports, held on loopback

@@ -15,14 +15,16 @@ import subprocess
 import sys
 
 import pytest
+from port_blocks import reserved_plan
 from testbed_support import other_user, require
 
-from eray_provider.plan.ports import held_ranges, plan_for_block
+from eray_provider.plan.ports import held_ranges
 from eray_provider.runtime.bind_shim import bind_env, shim_path
 from eray_provider.runtime.loopback_hold import PortsTakenError, hold_loopback
 from eray_provider.runtime.socket_table import LISTEN, parse_table, peer_uid
 
-PLAN = plan_for_block("11", 45056)
+#: a block no side-by-side suite binds (scripts/compat runs several)
+PLAN = reserved_plan("11")
 
 #: Bind (and listen on) one loopback address and port, with the socket options a squatter
 #: may try; prints what happened for each.

@@ -18,20 +18,20 @@ import time
 from pathlib import Path
 
 import pytest
+from port_blocks import reserved_plan
 from testbed_support import wait_until
 
 from eray_provider.plan.environment import NodeLaunch
 from eray_provider.plan.modules import NODE_RUN, RAY_GATE, python_m
-from eray_provider.plan.ports import plan_for_block
 from eray_provider.plan.provider_config import Filled, put_filled
 from eray_provider.runtime.cluster_state import ClusterState
 from eray_provider.runtime.launch import encode_node_ids
 from eray_provider.slurm.allocation import Allocation, NodeShare
 
 JOB = "93"
-#: below the host's ephemeral range (32768-60999 here): a client connection's port in
-#: TIME_WAIT on a held port would fail the node's hold (seen once: 46080)
-PLAN = plan_for_block(JOB, 12800)
+#: below the host's ephemeral range (a client connection's port in TIME_WAIT on a held port
+#: would fail the node's hold, seen once at 46080), and bound by no side-by-side suite
+PLAN = reserved_plan(JOB)
 
 
 def _cluster(tmp_path: Path, setup: list[str]) -> ClusterState:
