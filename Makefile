@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py
 # unit suite in .venv and on every other Python at once, and the live smoke tests on the oldest
 # Ray on Slurm 22.05 (Debian's package): both ends of each range.
 test: $(STAMP)
-	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
+	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py scripts/test-image
 	$(VENV)/bin/mypy
 	ERAY_TESTBED_SLURM=25.11 $(PY) -m pytest -ra --durations=40 -m "(slurm or ray) and not soak" tests
 	ERAY_TESTBED_SLURM=22.05 PYTHON=$(PYTHON) MAIN_VENV=$(VENV) scripts/compat
@@ -31,7 +31,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -ra -m "not slurm and not ray" tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py
+	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py scripts/test-image
 	$(VENV)/bin/ruff format --check eray_provider tests bench examples
 	$(VENV)/bin/mypy
 
