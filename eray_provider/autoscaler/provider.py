@@ -396,8 +396,9 @@ class SlurmNodeProvider(NodeProvider):
                 state.mark_requested(live[0], tags)
                 return live[0]
             self._own_start()
-            ensure_container_plan(state, self.settings)
-            ensure_port_plan(state, self._allocation(), self.python, temp_dir_claim(self.settings))
+            alloc = self._allocation()
+            ensure_container_plan(state, self.settings, alloc)
+            ensure_port_plan(state, alloc, self.python, temp_dir_claim(self.settings))
             state.save_cluster_config({"provider": self.provider_config})
             (node_id,) = state.add_nodes([(slurm_node, "head", tags)])
         self._drop_views()

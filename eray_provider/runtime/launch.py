@@ -40,6 +40,7 @@ from ..slurm.srun import cancel_steps, clean_env, job_state, launch_detached, li
 from . import stop_signals
 from .bind_shim import bind_env, shim_path
 from .cluster_state import ClusterState
+from .container_gate import gate_containers
 from .port_probe import (
     NodeReport,
     ProbeError,
@@ -356,9 +357,11 @@ def _start(state: ClusterState) -> tuple[str, ...]:
     return container.args if container else ()
 
 
-def ensure_container_plan(state: ClusterState, settings: ProviderConfig) -> None:
-    """Record how the cluster's steps reach its container (``provider.container``), once:
-    every step the cluster starts after this reads it from the state dir."""
+def ensure_container_plan(state: ClusterState, settings: ProviderConfig, alloc: Allocation) -> None:
+    """Record how the cluster's steps reach its container (``provider.container``), once,
+    after the gate has found the container's paths closed to other users on every node of
+    ``alloc`` (``runtime.container_gate``): every step the cluster starts after this reads
+    the plan from the state dir."""
     if settings.container is None or state.container() is not None:
         return
     import eray_provider
@@ -370,6 +373,11 @@ def ensure_container_plan(state: ClusterState, settings: ProviderConfig) -> None
         *(state.cluster_name, state.job_id, str(state.dir), settings.temp_base, root),
         versions=(RAY_VERSION_TEXT, python),
     )
+    removed = gate_containers(
+        state.cluster_name, state.job_id, alloc.node_names, plan.name, settings.container.image
+    )
+    for line in removed:
+        logger.info("removed a leftover container of this cluster's name on %s", line)
     state.save_container(plan)
 
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from ray_cluster_support import Cluster, cluster_pids, state_left, wait_gone
-from testbed_support import Testbed
+from testbed_support import Testbed, listeners
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
@@ -22,18 +22,6 @@ WORK = (
 
 def job(testbed: Testbed) -> str:
     return testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-iso")
-
-
-def listeners(testbed: Testbed, node: str) -> list[tuple[str, int, str]]:
-    """(address, port, process) of every listening TCP socket in the node's namespace."""
-    out = testbed.on_node(node, "ss -ltnpH").stdout
-    rows = []
-    for line in out.splitlines():
-        parts = line.split()
-        addr, _, port = parts[3].rpartition(":")
-        proc = parts[5].split('"')[1] if len(parts) > 5 and '"' in parts[5] else "?"
-        rows.append((addr, int(port), proc))
-    return rows
 
 
 def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_path) -> None:
@@ -83,7 +71,7 @@ def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_p
         for node in ("node1", "node2", "node3"):
             ours = [r for r in listeners(testbed, node) if r[1] in block]
             assert len(ours) >= 4, (node, ours)  # raylet, object manager, agent, runtime env agent
-            wildcard = [r for r in ours if r[0] in ("*", "0.0.0.0", "[::]")]
+            wildcard = [r for r in ours if r[0] in ("*", "0.0.0.0", "::")]
             assert wildcard == [], (node, wildcard)
         head_tmp = next((a.state_dir / "nodes").glob("node1.*.tmpdir")).read_text().split()[1]
         logs = f"{head_tmp}/ray/session_latest/logs"

@@ -36,7 +36,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config
 from ray_cluster_support import Cluster, node_tmp_entries
-from testbed_support import REPO, Testbed, other_user, require
+from testbed_support import REPO, Testbed, listeners, other_user, require
 
 from eray_provider.autoscaler.config_cache import cache_path
 from eray_provider.autoscaler.provider import SlurmNodeProvider
@@ -69,17 +69,6 @@ PROBES = {
     "autoscaler_metrics": ("http", "/metrics"),
     "dashboard_metrics": ("http", "/metrics"),
 }
-
-
-def listeners(testbed: Testbed, node: str) -> list[tuple[str, int, str]]:
-    """(address, port, process) of every listening TCP socket in the node's namespace."""
-    rows = []
-    for line in testbed.on_node(node, "ss -ltnpH").stdout.splitlines():
-        parts = line.split()
-        addr, _, port = parts[3].rpartition(":")
-        proc = parts[5].split('"')[1] if len(parts) > 5 and '"' in parts[5] else "?"
-        rows.append((addr.strip("[]"), int(port), proc))
-    return rows
 
 
 def port_names(plan: dict) -> dict[int, str]:

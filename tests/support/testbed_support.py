@@ -178,3 +178,14 @@ def binds_as(testbed: Testbed, node: str, user: str, targets: list[tuple[str, in
     arg = shlex.quote(json.dumps(targets))
     proc = testbed.on_node(node, f"runuser -u {user} -- /usr/bin/python3 -c {code} {arg}", timeout=60)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def listeners(testbed: Testbed, node: str) -> list[tuple[str, int, str]]:
+    """(address, port, process) of every listening TCP socket in the node's namespace."""
+    rows = []
+    for line in testbed.on_node(node, "ss -ltnpH").stdout.splitlines():
+        parts = line.split()
+        addr, _, port = parts[3].rpartition(":")
+        proc = parts[5].split('"')[1] if len(parts) > 5 and '"' in parts[5] else "?"
+        rows.append((addr.strip("[]"), int(port), proc))
+    return rows

@@ -1,0 +1,114 @@
+"""The container gate's script (runtime/container_gate.py) on real directories, and its
+verdicts read. The live test (test_containers_live.py) runs it on the test bed's nodes with
+the real enroot and pyxis; here an ``enroot`` on PATH exports its paths the way enroot's
+own config code does (``config::export``), so the walk over owners and modes is shown on
+every shape of path, including another user's."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+from pathlib import Path
+
+import pytest
+from testbed_support import other_user, require
+
+from eray_provider.runtime.container_gate import ANSWER, GATE, ContainerGateError, image_file, judge
+
+NAME = "eray.c.7"
+
+#: exports as enroot's ``config::export`` does (traced by ``bash -x``: a value with a space
+#: is quoted); ``remove -f NAME`` removes NAME under the data path
+FAKE_ENROOT = """#!/usr/bin/env bash
+set -euo pipefail
+config::export() {{ [ -n "${{3-}}" ] && export "$1=$2" || export "$1=${{!1:-$2}}"; }}
+config::export ENROOT_DATA_PATH {data!r}
+config::export ENROOT_RUNTIME_PATH {runtime!r}
+case "$1" in
+remove) rm -rf "$ENROOT_DATA_PATH/$3" ;;
+esac
+"""
+
+
+def gate(tmp_path: Path, data: Path, runtime: Path, image: str = "") -> str:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    enroot = bindir / "enroot"
+    enroot.write_text(FAKE_ENROOT.format(data=str(data), runtime=str(runtime)))
+    enroot.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURMD_NODENAME="n1")
+    env["ENROOT_DATA_PATH"] = "/elsewhere"  # ours, which pyxis never passes: ignored
+    proc = subprocess.run(
+        ["bash", "-c", GATE, "gate", NAME, image], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(ANSWER)]
+    return line
+
+
+def private(path: Path) -> Path:
+    path.mkdir(parents=True)
+    path.chmod(0o700)
+    return path
+
+
+def test_private_paths_pass_and_a_leftover_of_ours_is_removed(tmp_path) -> None:
+    base = private(tmp_path / "base")
+    data, runtime = private(base / "data with space"), private(base / "runtime")
+    assert gate(tmp_path, data, runtime) == f"{ANSWER} n1 ok"
+    leftover = private(data / f"pyxis_{NAME}")
+    (leftover / "old-image").write_text("")
+    assert gate(tmp_path, data, runtime) == f"{ANSWER} n1 ok removed {leftover}"
+    assert not leftover.exists()
+
+
+def test_a_dir_writable_by_others_is_refused_unless_sticky(tmp_path) -> None:
+    shared = private(tmp_path / "shared")
+    data, runtime = private(shared / "me" / "data"), private(shared / "me" / "run")
+    shared.chmod(0o1777)  # as /tmp: others may not rename what is ours
+    assert gate(tmp_path, data, runtime).endswith(" ok")
+    shared.chmod(0o777)  # others may rename `me` and put their own in its place
+    line = gate(tmp_path, data, runtime)
+    assert line == f"{ANSWER} n1 open {data} {shared} {os.getuid()} 777", line
+    with pytest.raises(ContainerGateError, match=f"on n1, {shared} .* mode 777"):
+        judge(line, ["n1"])
+
+
+def test_another_users_dir_on_the_way_is_refused_as_written_and_resolved(tmp_path) -> None:
+    if os.geteuid() != 0:
+        require("another user's dir needs root (chown)")
+    user = other_user()
+    uid = pwd.getpwnam(user).pw_uid
+    base = private(tmp_path / "base")
+    base.chmod(0o1777)
+    theirs = private(base / "enroot-0")  # made first by the other user
+    data, runtime = private(theirs / "data"), private(theirs / "runtime")
+    os.chown(theirs, uid, -1)
+    line = gate(tmp_path, data, runtime)
+    assert line == f"{ANSWER} n1 open {data} {theirs} {uid} 700", line
+    with pytest.raises(ContainerGateError, match=rf"{theirs} .* belongs to {user} \(uid {uid}\)"):
+        judge(line, ["n1"])
+    # a link of theirs to a dir of ours
+    os.chown(theirs, 0, -1)
+    link = base / "link"
+    link.symlink_to(data)
+    os.lchown(link, uid, -1)
+    assert gate(tmp_path, link, runtime) == f"{ANSWER} n1 open {link} {link} {uid} 777"
+    # an image file of theirs, or in a dir of theirs
+    image = theirs / "image.sqsh"
+    image.write_text("")
+    assert gate(tmp_path, data, runtime, str(image)).endswith(" ok")
+    os.chown(image, uid, -1)
+    assert gate(tmp_path, data, runtime, str(image)) == f"{ANSWER} n1 open {image} {image} {uid} 644"
+
+
+def test_verdicts_read() -> None:
+    ok = f"{ANSWER} a ok\n{ANSWER} b ok removed /d/pyxis_x\nnoise\n"
+    assert judge(ok, ["a", "b"]) == ["b: removed /d/pyxis_x"]
+    with pytest.raises(ContainerGateError, match="c did not answer"):
+        judge(ok, ["a", "b", "c"])
+    with pytest.raises(ContainerGateError, match="on a, the check could not run: enroot is not on the PATH"):
+        judge(f"{ANSWER} a missing enroot is not on the PATH of a step", ["a"])
+    assert image_file("/img/x.sqsh") == "/img/x.sqsh" and image_file("./x.sqsh") == "./x.sqsh"
+    assert image_file("nvcr.io#nvidia/pytorch:24.05-py3") == image_file("docker://ubuntu") == ""
