@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, ErayError
+from .plan.container import ContainerConfig, ContainerPlan
 from .plan.ports import PortPlan, choose_plan
 from .slurm import hostlist
 from .slurm.allocation import Allocation
@@ -67,13 +68,33 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     alloc = load_allocation(args.job_id, use_scontrol=not args.no_scontrol)
     plan = choose_plan(alloc.job_id, host_exclusions())
+    container = None
+    if args.cluster:
+        from .plan.names import default_base
+        from .runtime.dashboard import resolve
+
+        container = resolve(args.cluster, alloc.job_id, args.state_dir or default_base()).container()
     if args.json:
         doc = alloc.to_dict()
         doc["ports"] = plan.to_dict()
+        if args.cluster:
+            doc["container"] = json.loads(container.to_json()) if container else None
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(_format_table(alloc, plan))
+        if args.cluster:
+            print(_format_container(container))
     return 0
+
+
+def _format_container(plan: ContainerPlan | None) -> str:
+    """What ``inspect --cluster`` says of the cluster's container plan."""
+    if plan is None:
+        return "\ncontainer: none (every node's Ray runs on the node itself)"
+    lines = ["", f"container: {plan.name} (Ray {plan.ray}, Python {plan.python} in the image)"]
+    lines += [f"  srun {arg}" for arg in plan.args]
+    lines += [f"  env {key}={value}" for key, value in sorted(plan.env.items())]
+    return "\n".join(lines)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -89,6 +110,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if bad:
             raise ConfigError(f"--jax-env expects KEY=VALUE, got {args.jax_env!r}")
         options["jax_env"] = {k: v for k, _, v in pairs}
+    if args.container_image:
+        container: dict = {"image": args.container_image}
+        if args.container_mounts:
+            container["mounts"] = args.container_mounts.split(",")
+        if args.container_workdir:
+            container["workdir"] = args.container_workdir
+        ContainerConfig.from_value(container)  # checked before SLURM is asked anything
+        options["container"] = container
+    elif args.container_mounts or args.container_workdir:
+        raise ConfigError("--container-mounts and --container-workdir need --container-image")
     return run(command, cluster_name=args.name, join_timeout=args.timeout, provider_options=options)
 
 
@@ -166,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job-id", help="a job id (default: the allocation this runs in)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--no-scontrol", action="store_true", help="read the environment only, never scontrol")
+    s.add_argument(
+        "--cluster",
+        metavar="CONFIG_OR_CLUSTER",
+        help="also the container plan of this cluster of the job (provider.container)",
+    )
+    s.add_argument(
+        "--state-dir", type=Path, help="the state base (default: $ERAY_STATE_DIR or ~/.eray-provider)"
+    )
     s.set_defaults(func=_cmd_inspect)
 
     s = sub.add_parser(
@@ -185,6 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="environment default for every job's workers (JAX_PLATFORMS=cpu, ...)",
     )
+    s.add_argument(
+        "--container-image",
+        metavar="IMAGE",
+        help="every node's Ray, and COMMAND, in this image through pyxis (provider.container)",
+    )
+    s.add_argument(
+        "--container-mounts", metavar="SRC[:DST[:FLAGS]],...", help="more mounts, as pyxis takes them"
+    )
+    s.add_argument("--container-workdir", metavar="DIR", help="the working dir inside (default: the image's)")
     s.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     s.set_defaults(func=_cmd_run)
 

@@ -21,18 +21,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import ConfigError, ErayError
 from ..plan.cluster_config import fill_config
+from ..plan.names import step_name
 from ..plan.node_spec import worker_types
 from ..plan.provider_config import ProviderConfig
 from ..slurm.allocation import Allocation, AllocationError
 from ..slurm.client import known_cluster_name, running_allocation
 from ..slurm.env import in_srun_step, node_name, task_index
+from ..slurm.srun import ForegroundStep, clean_env, srun_argv
 from .cluster_state import ClusterState
 from .launch import (
     TeardownError,
+    ensure_container_plan,
     ensure_port_plan,
     head_log,
     launch_workers,
@@ -85,6 +88,7 @@ def start_cluster(
     python = settings.python or sys.executable
     with state.lock(timeout=120, creating=True):
         state.create(slurm_cluster=known_cluster_name(os.environ))
+        ensure_container_plan(state, settings, alloc)
         ensure_port_plan(state, alloc, python, temp_dir_claim(settings))
         state.save_cluster_config({"provider": provider})
     head = alloc.head.name
@@ -131,12 +135,26 @@ def run(
         return _run_cluster(state, alloc, provider, join_timeout, command)
 
 
+def _start_command(
+    state: ClusterState, alloc: Allocation, command: Sequence[str], env: Mapping[str, str]
+) -> subprocess.Popen | ForegroundStep:
+    """COMMAND as the driver on the head's node: here, or in a step of the head's container
+    when the cluster has one (``provider.container``: the image has what the command needs,
+    as ``ray submit`` runs it there)."""
+    container = state.container()
+    if container is None:
+        return subprocess.Popen(list(command), env=dict(env))
+    name = step_name(state.cluster_name, f"command.{os.getpid()}")
+    argv = srun_argv(alloc.job_id, [alloc.head.name], command, name=name, container=container.args)
+    return ForegroundStep(argv, clean_env(env), alloc.job_id, name)
+
+
 def _run_cluster(
     state: ClusterState, alloc: Allocation, provider: dict, join_timeout: float, command: Sequence[str]
 ) -> int:
     """Start the cluster, run the command, tear down; the exit status."""
     cluster_name = state.cluster_name
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForegroundStep | None = None
     stopping = False
     launching = False  # the command's Popen runs: a signal now waits for its handle
     pending: list[int] = []
@@ -174,7 +192,7 @@ def _run_cluster(
         # blocked signal mask: the command would inherit it, and never see SIGTERM)
         launching = True
         try:
-            proc = subprocess.Popen(list(command), env=env)
+            proc = _start_command(state, alloc, command, env)
         except OSError as e:
             raise ConfigError(f"cannot run the command {command[0]!r}: {e.strerror or e}") from e
         for signum in pending:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -232,3 +233,48 @@ def stop_foreground_step(proc: subprocess.Popen[bytes], job_id: str, name: str, 
     except SlurmCommandError as e:
         warning = f"could not check that step {name} of job {job_id} ended: {e}"
         print(f"eray-provider: warning: {warning}", file=sys.stderr)
+
+
+class ForegroundStep:
+    """A step whose one task the caller waits on and passes signals to, as to a child
+    (``eray-provider run``'s COMMAND in the head's container).
+
+    srun passes SIGINT to its tasks only with ``--disable-status``, and answers SIGTERM and
+    SIGHUP by killing them; so a signal goes to the step itself (``scancel --signal``),
+    found by its name (``name``: unique to the caller). The srun client runs in a session
+    of its own: a terminal's Ctrl-C reaches the caller alone, which passes it on."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], job_id: str, name: str) -> None:
+        self.job_id, self.name = job_id, name
+        self.proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+        self._step: str | None = None
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def step_id(self, timeout: float = 30.0) -> str | None:
+        """The step's id once squeue lists it; None when the client ended first or squeue
+        did not list it within ``timeout`` (a step not yet made cannot be signalled)."""
+        deadline = time.monotonic() + timeout
+        while self._step is None and self.proc.poll() is None and time.monotonic() < deadline:
+            steps = list_steps(self.job_id) or {}
+            self._step = next((sid for sid, n in steps.items() if n == self.name), None)
+            if self._step is None:
+                time.sleep(0.2)
+        return self._step
+
+    def send_signal(self, signum: int) -> None:
+        """``signum`` to the step's task; to the srun client (which ends the step) when the
+        step cannot be found or signalled."""
+        try:
+            step = self.step_id()
+            if step is not None:
+                run_slurm(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step])
+                return
+        except SlurmCommandError as e:
+            print(f"eray-provider: warning: cannot signal step {self.name}: {e}", file=sys.stderr)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -23,10 +25,12 @@ from pathlib import Path
 import jax
 import pytest
 import ray
-from ray_cluster_support import Cluster, cluster_pids, node_tmp_entries
-from testbed_support import REPO, Testbed, other_user, require
+from ray_cluster_support import VENV_BIN, Cluster, cluster_pids, node_tmp_entries, state_left, wait_gone
+from testbed_support import REPO, Testbed, binds_as, listeners, other_user, require, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
+
+NODES = ("node1", "node2", "node3")
 
 #: What a step prints of the world it runs in.
 PROBE = (
@@ -129,7 +133,13 @@ def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
 ) -> None:
     """``provider.container.image``: every node's Ray runs in the image (the raylet's root is
     the container's), ``ray exec`` and ``ray submit`` of the JAX example run there too, and
-    ``ray down`` leaves no step, no container and no temp dir on any node."""
+    ``ray down`` leaves no step, no container and no temp dir on any node.
+
+    A leftover container of the cluster's name and job (an earlier cluster's, of another
+    image) is replaced by the image's, and the co-tenant checks hold in the container: no
+    listener of the cluster on all interfaces, no loopback port of its block free to another
+    user, the token and the containers' processes closed to that user."""
+    old = image_of(testbed, "--ray", "2.52.0", "--jax", "0.4.30")
     job = testbed.salloc("-N3", "-c2", "--mem=3000", "-J", "eray-test-incontainer")
     cluster = Cluster(
         testbed,
@@ -139,9 +149,29 @@ def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
         provider={"container": {"image": image}, "jax_env": {"JAX_PLATFORMS": "cpu"}},
     )
     try:
+        # node3 keeps a container of the cluster's name made from the older image
+        testbed.run(
+            ["srun", f"--jobid={job}", "--overlap", "-N1", "-w", "node3", f"--container-image={old}",
+             f"--container-name=eray.incont.{job}:no_exec", "true"],
+            timeout=300,
+        )  # fmt: skip
+        assert f"pyxis_eray.incont.{job}" in testbed.on_node("node3", "ls /tmp/enroot-0/data").stdout.split()
         cluster.up()
         nodes = cluster.wait_nodes(3)
-        assert len(nodes) == 3
+        assert len(nodes) == 3  # node3's Ray is the image's: the older one would refuse to start
+        user = other_user()
+        plan = json.loads((cluster.state_dir / "ports.json").read_text())
+        block = range(plan["block_start"], plan["max_worker"] + 1)
+        named = range(plan["block_start"], plan["jax_first"])
+        token = cluster.state_dir / "auth_token"
+        for node in NODES:
+            ours = [r for r in listeners(testbed, node) if r[1] in block]
+            assert len(ours) >= 4, (node, ours)  # raylet, object manager, agent, runtime env agent
+            assert [r for r in ours if r[0] in ("*", "0.0.0.0", "::")] == [], (node, ours)
+            loopback = [(address, port) for port in named for address in ("127.0.0.1", "::1")]
+            assert binds_as(testbed, node, user, loopback) == [], node
+            read = testbed.on_node(node, f"runuser -u {user} -- cat {token}", check=False)
+            assert read.returncode != 0 and "Permission denied" in read.stderr, (node, read)
         # each node's raylet runs in the container
         raylets = [
             pid
@@ -154,6 +184,9 @@ def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
             # with the image's Ray where the host has none
             assert os.stat(f"/proc/{pid}/root").st_dev != os.stat("/").st_dev, pid
             assert list(Path(f"/proc/{pid}/root/usr/local/lib").glob("python3*/dist-packages/ray")), pid
+            # the container's files, through its process, are closed to the other user
+            look = testbed.run(["runuser", "-u", user, "--", "ls", f"/proc/{pid}/root/"], check=False)
+            assert look.returncode != 0 and "Permission denied" in look.stderr, (pid, look)
         assert not list(Path("/usr/local/lib").glob("python3*/dist-packages/ray"))
         seen = cluster.exec(
             "python3 -c 'import sys, ray; print(\"INSIDE\", sys.executable, ray.__version__)'"
@@ -164,7 +197,7 @@ def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
         cluster.down()
         steps = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout
         assert "eray." not in steps, steps
-        for node in ("node1", "node2", "node3"):
+        for node in NODES:
             assert node_tmp_entries(testbed, node, job) == []
             left = testbed.on_node(node, "ls /tmp/enroot-0/data 2>/dev/null || true").stdout.split()
             assert f"pyxis_eray.incont.{job}" not in left, (node, left)
@@ -198,3 +231,90 @@ def test_an_image_of_another_ray_fails_ray_up_naming_both_versions(testbed: Test
     for node in ("node1", "node2"):
         left = testbed.on_node(node, "ls /tmp/enroot-0/data 2>/dev/null || true").stdout.split()
         assert f"pyxis_eray.mismatch.{job}" not in left, (node, left)
+
+
+def test_a_container_path_another_user_made_first_refuses_the_cluster(
+    testbed: Testbed, image: str, tmp_path
+) -> None:
+    """On node2 the other user has made enroot's dir for root (``/tmp/enroot-0``, as
+    ``ENROOT_DATA_PATH`` is on the bed and at many sites) before root ever kept a container
+    there, with a root file system of theirs under the cluster's container name, whose
+    ``/etc/rc`` would mark that it ran. ``ray up`` is refused before any step of the cluster
+    enters a container, naming the node, the dir and its owner; nothing planted ran, and the
+    planted dir is left as it was."""
+    user = other_user()
+    uid = pwd.getpwnam(user).pw_uid
+    job = testbed.salloc("-N2", "-w", "node[1-2]", "-c1", "--mem=1000", "-J", "eray-test-planted")
+    name = f"pyxis_eray.planted.{job}"
+    marker = REPO / ".test-output" / f"planted-ran-{job}"
+    marker.parent.mkdir(exist_ok=True)
+    testbed.on_node("node2", "rm -rf /tmp/enroot-0")  # a node root never kept a container on
+    plant = (
+        f"mkdir -p /tmp/enroot-0/data/{name}/etc /tmp/enroot-0/runtime && "
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > /tmp/enroot-0/data/{name}/etc/rc && "
+        f"chmod 755 /tmp/enroot-0 /tmp/enroot-0/data/{name}/etc/rc"
+    )
+    testbed.on_node("node2", f"runuser -u {user} -- sh -c {shlex.quote(plant)}")
+    cluster = Cluster(testbed, job, tmp_path, "planted", provider={"container": {"image": image}})
+    try:
+        proc = cluster.ray("up", "-y", str(cluster.config), check=False, timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert (
+            f"on node2, /tmp/enroot-0 (on the way to /tmp/enroot-0/data) belongs to {user} (uid {uid})" in out
+        ), out[-3000:]
+        assert "node1" not in out.split("will not start:")[1].split("(the site")[0], out[-3000:]
+        assert not marker.exists(), "the planted container ran"
+        owner = testbed.on_node("node2", f"stat -c %u /tmp/enroot-0/data/{name}/etc/rc").stdout
+        assert owner.strip() == str(uid)
+        steps = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout
+        assert "eray." not in steps, steps
+    finally:
+        cluster.down(check=False)
+        testbed.cancel(job)
+        testbed.on_node("node2", "rm -rf /tmp/enroot-0")
+        marker.unlink(missing_ok=True)
+
+
+def test_eray_provider_run_in_an_sbatch_script_runs_nodes_and_command_in_the_image(
+    testbed: Testbed, image: str
+) -> None:
+    """``eray-provider run --container-image``: every node's Ray and COMMAND run in the
+    image (COMMAND is the image's ``/usr/bin/python3``, which has Ray and JAX where the
+    host's has neither), its tasks reach every node and its JAX psum is right; a SIGTERM to
+    the batch step reaches COMMAND in its container step, whose exit status the job takes;
+    and nothing is left: no step, no container, no temp dir, no state."""
+    out = REPO / ".test-output" / f"container-run-{os.getpid()}.out"
+    out.parent.mkdir(exist_ok=True)
+    out.unlink(missing_ok=True)
+    script = out.with_suffix(".sh")
+    script.write_text(
+        "#!/bin/bash\n"
+        f"exec eray-provider run --timeout 300 --container-image {image} --jax-env JAX_PLATFORMS=cpu "
+        f"--container-mounts {REPO}/tests:{REPO}/tests:ro --container-workdir {REPO} "
+        "-- /usr/bin/python3 tests/drivers/batch_wait_driver.py\n"
+    )
+    env = dict(testbed.env, PATH=f"{VENV_BIN}:{testbed.env['PATH']}")
+    env.pop("SLURM_JOB_ID", None)
+    proc = testbed.run(
+        ["sbatch", "-N3", "-c2", "--mem=3000", f"--output={out}", "--chdir", str(REPO), str(script)], env=env
+    )
+    job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    try:
+        wait_until("the command waiting", lambda: "WAITING" in (out.read_text() if out.exists() else ""))
+        testbed.run(["scancel", "--batch", "--signal=TERM", job])
+        wait_until("the job's end", lambda: not testbed.run(["squeue", "-h", "-j", job], check=False).stdout)
+    finally:
+        testbed.cancel(job)
+    text = out.read_text()
+    assert "DRIVER /usr/bin/python3" in text, text[-3000:]
+    assert "TASKS node1 node2 node3" in text and "PSUM 6.0 6.0 6.0" in text, text[-3000:]
+    assert "GOT TERM" in text and "command exited 7" in text and "cluster stopped" in text, text[-3000:]
+    exit_code = re.search(r"ExitCode=(\d+):", testbed.run(["scontrol", "show", "job", job]).stdout)
+    assert exit_code and exit_code.group(1) == "7", text[-3000:]
+    assert wait_gone(job, "run") == []
+    for node in NODES:
+        assert node_tmp_entries(testbed, node, job) == []
+        left = testbed.on_node(node, "ls /tmp/enroot-0/data 2>/dev/null || true").stdout.split()
+        assert f"pyxis_eray.run.{job}" not in left, (node, left)
+    assert state_left(Path.home() / ".eray-provider" / f"run-{job}") == [], text[-2000:]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -84,3 +86,48 @@ def test_the_plan_mounts_what_the_nodes_share_and_names_a_version_mismatch() -> 
         "must match (install the login side's Ray in the image, or run ray up from a Python with the image's)"
     )
     assert "Python 3.12" in (plan.mismatch("2.60.0", "3.12") or "")
+
+
+def test_run_options_need_an_image_and_are_checked_as_the_yaml_key() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "eray_provider.cli", "run", *args, "--", "true"]
+        return subprocess.run(argv, capture_output=True, text=True, env={"PATH": "/usr/bin"}, timeout=60)
+
+    proc = run("--container-mounts", "/data:/data")
+    assert (
+        proc.returncode == 2
+        and "--container-mounts and --container-workdir need --container-image" in proc.stderr
+    )
+    proc = run("--container-image", "/i.sqsh", "--container-workdir", "relative")
+    assert (
+        proc.returncode == 2
+        and "provider.container.workdir must be an absolute path, got 'relative'" in proc.stderr
+    )
+
+
+def test_inspect_shows_a_clusters_container_plan(tmp_path) -> None:
+    from eray_provider.runtime.cluster_state import ClusterState
+
+    state = ClusterState("cont", "77", tmp_path)
+    state.create()
+    config = ContainerConfig.from_value({"image": "/i.sqsh", "env": {"A": "1"}})
+    assert config is not None
+    plan = plan_container(config, "cont", "77", str(state.dir), "/tmp", "/pkg", versions=("2.60.0", "3.11"))
+    state.save_container(plan)
+    ClusterState("plain", "77", tmp_path).create()
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "4"}
+
+    def inspect(*args: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "eray_provider.cli", "inspect", "--no-scontrol", *args]
+        env = {"PATH": "/usr/bin", "HOME": str(tmp_path), **slurm}
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+
+    doc = json.loads(inspect("--json", "--cluster", "cont", "--state-dir", str(tmp_path)).stdout)
+    assert ContainerPlan.from_dict(doc["container"]) == plan
+    text = inspect("--cluster", "cont", "--state-dir", str(tmp_path)).stdout
+    assert "container: eray.cont.77 (Ray 2.60.0, Python 3.11 in the image)" in text, text
+    assert "  srun --container-image=/i.sqsh" in text and "  env A=1" in text, text
+    none = inspect("--cluster", "plain", "--state-dir", str(tmp_path)).stdout
+    assert "container: none" in none, none
+    missing = inspect("--cluster", "nosuch", "--state-dir", str(tmp_path))
+    assert missing.returncode == 2 and "no cluster 'nosuch'" in missing.stderr, missing.stderr
