@@ -29,7 +29,7 @@ needs ``bash``, ``stat`` and ``enroot`` on the node, as pyxis does; no Python.
 from __future__ import annotations
 
 import pwd
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import ClusterError
 from ..plan.names import step_name
@@ -44,47 +44,70 @@ ANSWER = "ERAY_CONTAINER_GATE"
 #: The gate on one node: ``bash -c GATE gate NAME IMAGE`` (IMAGE: a file's path, or empty).
 GATE = r"""
 set -u
-name="pyxis_$1" image="$2" me=$(id -u) node="${SLURMD_NODENAME:-$(hostname)}"
-say() { printf '%s %s %s\n' "ERAY_CONTAINER_GATE" "$node" "$*"; }
-# the first component of $1 (as written: symbolic links are components too) that belongs to
-# another user, or that another user may write in and is not sticky
+name="$1" image="$2" me=$(id -u) node="${SLURMD_NODENAME:-$(hostname)}"
+say() { local text="$*"; printf '%s %s %s\n' "ERAY_CONTAINER_GATE" "$node" "${text//$'\n'/ }"; }
+# every path the walk reaches: "path uid mode" of the first that belongs to another user, or
+# that another user may write in and is not sticky; a link is walked as a component and then
+# its target (as `namei` does), so no directory on the way is left out
 open_to_others() {
-  local p="" rest="${1#/}" uid mode
+  local p="" rest="${1#/}" depth="${2:-0}" uid mode target bad
+  (( depth < 40 )) || { echo "$1 too-many-links -"; return; }
   while [ -n "$rest" ]; do
-    p="$p/${rest%%/*}"
+    local part="${rest%%/*}"
     case $rest in */*) rest="${rest#*/}" ;; *) rest="" ;; esac
+    [ -z "$part" ] || [ "$part" = . ] && continue
+    if [ "$part" = .. ]; then p="${p%/*}"; continue; fi
+    p="$p/$part"
     [ -e "$p" ] || [ -L "$p" ] || return 0
     read -r uid mode <<<"$(stat -c '%u %a' -- "$p")"
     if [ "$uid" != 0 ] && [ "$uid" != "$me" ]; then echo "$p $uid $mode"; return; fi
-    if [ ! -L "$p" ] && (( 8#$mode & 8#022 )) && ! (( 8#$mode & 8#1000 )); then
+    if [ -L "$p" ]; then
+      target=$(readlink -- "$p")
+      case $target in /*) ;; *) target="${p%/*}/$target" ;; esac
+      bad=$(open_to_others "$target" $((depth + 1)))
+      [ -z "$bad" ] || { echo "$bad"; return; }
+      p=$(realpath -m -- "$p")
+      [ "$p" = / ] && p=""
+    elif (( 8#$mode & 8#022 )) && ! (( 8#$mode & 8#1000 )); then
       echo "$p $uid $mode"; return
     fi
   done
 }
-for var in $(compgen -e ENROOT_); do unset "$var"; done
-enroot=$(command -v enroot) || { say missing enroot is not on the PATH of a step; exit 0; }
-trace=$(bash -x "$enroot" list 2>&1 >/dev/null) || { say failed "${trace: -300}"; exit 0; }
-path_of() {
-  local v
-  v=$(sed -n "s/^+* *export '\{0,1\}$1=//p" <<<"$trace" | tail -n 1)
-  echo "${v%\'}"
-}
-data=$(path_of ENROOT_DATA_PATH) runtime=$(path_of ENROOT_RUNTIME_PATH)
-[ -n "$data" ] && [ -n "$runtime" ] || { say failed enroot named no ENROOT_DATA_PATH; exit 0; }
-paths=("$data" "$runtime" "$data/$name")
-[ -n "$image" ] && paths+=("$image")
-for path in "${paths[@]}"; do
-  for each in "$path" "$(realpath -m -- "$path")"; do
-    bad=$(open_to_others "$each")
-    [ -z "$bad" ] || { say open "$path" $bad; exit 0; }
-  done
+# enroot as pyxis runs it: without the variables pyxis keeps from it (the site's enroot.conf
+# decides those), with the rest of the step's environment (ENROOT_CONFIG_PATH, HOME...)
+unset LD_PRELOAD LD_LIBRARY_PATH ENROOT_LIBRARY_PATH ENROOT_SYSCONF_PATH ENROOT_RUNTIME_PATH \
+  ENROOT_CACHE_PATH ENROOT_DATA_PATH ENROOT_TEMP_PATH
+command -v enroot >/dev/null || { say missing enroot is not on the PATH of a step; exit 0; }
+info=$(enroot info 2>&1) || { say failed "enroot info: ${info: -300}"; exit 0; }
+value() { sed -n "s/^  $1=//p" <<<"$info" | tail -n 1; }
+data=$(value ENROOT_DATA_PATH) config=$(value ENROOT_CONFIG_PATH)
+[ -n "$data" ] && [ -n "$config" ] || { say failed enroot info named no ENROOT_DATA_PATH; exit 0; }
+# enroot makes its data, cache and runtime dirs at each call (umask 077), never its config
+# dir, which it reads hooks and mounts from: made here, so nobody else can make it later
+(umask 077 && mkdir -p -- "$config") || { say failed "cannot make $config"; exit 0; }
+named=("$data/pyxis_$name" "$data/pyxis_${SLURM_JOB_ID:-0}_$name")  # pyxis' global and job scope
+paths=("$data" "$config" "$config/hooks.d" "$config/mounts.d" "$config/environ.d" "${named[@]}")
+for var in ENROOT_RUNTIME_PATH ENROOT_TEMP_PATH ENROOT_SYSCONF_PATH ENROOT_LIBRARY_PATH; do
+  paths+=("$(value "$var")")
 done
-if [ -e "$data/$name" ] || [ -L "$data/$name" ]; then
-  out=$(enroot remove -f "$name" 2>&1) || { say failed "cannot remove a leftover $data/$name: $out"; exit 0; }
-  say ok removed "$data/$name"
+if [ -n "$image" ]; then
+  [ -f "$image" ] || { say failed "the image $image is not a file on this node"; exit 0; }
+  paths+=("$(realpath -- "$image")")
 else
-  say ok
+  paths+=("$(value ENROOT_CACHE_PATH)")  # the layers of a registry image, reused unchecked
 fi
+for path in "${paths[@]}"; do
+  [ -n "$path" ] || continue
+  bad=$(open_to_others "$path")
+  [ -z "$bad" ] || { say open "$path" "$bad"; exit 0; }
+done
+removed=()
+for leftover in "${named[@]}"; do
+  [ -e "$leftover" ] || [ -L "$leftover" ] || continue
+  out=$(enroot remove -f "${leftover##*/}" 2>&1) || { say failed "cannot remove $leftover: $out"; exit 0; }
+  removed+=("$leftover")
+done
+if [ ${#removed[@]} -gt 0 ]; then say ok removed "${removed[@]}"; else say ok; fi
 """
 
 
@@ -108,7 +131,8 @@ def judge(stdout: str, nodes: Sequence[str]) -> list[str]:
         word, _, rest = line.partition(" ")
         if word == ANSWER:
             node, _, verdict = rest.partition(" ")
-            answers[node] = verdict
+            # two answers of one node that differ: neither is taken
+            answers[node] = verdict if answers.get(node, verdict) == verdict else "twice"
     problems: list[str] = []
     removed: list[str] = []
     for node in nodes:
@@ -116,7 +140,7 @@ def judge(stdout: str, nodes: Sequence[str]) -> list[str]:
         if kind == "ok":
             if detail.startswith("removed "):
                 removed.append(f"{node}: {detail}")
-        elif kind == "open":
+        elif kind == "open" and len(detail.rsplit(" ", 3)) == 4:
             path, component, uid, mode = detail.rsplit(" ", 3)
             problems.append(
                 f"on {node}, {component} (on the way to {path}) belongs to {_owner(uid)} with mode {mode}: "
@@ -126,6 +150,8 @@ def judge(stdout: str, nodes: Sequence[str]) -> list[str]:
             )
         elif kind in ("missing", "failed"):
             problems.append(f"on {node}, the check could not run: {detail}")
+        elif kind:
+            problems.append(f"{node} answered the check with {f'{kind} {detail}'.strip()!r}")
         else:
             problems.append(f"{node} did not answer the check")
     if problems:
@@ -138,17 +164,22 @@ def judge(stdout: str, nodes: Sequence[str]) -> list[str]:
 
 
 def image_file(image: str) -> str:
-    """The image's path when pyxis will read it from a file (a path), else ''."""
-    return image if image.startswith(("/", "./", "../")) else ""
+    """The image's path when pyxis reads it from a file (it starts with ``.`` or ``/``, as
+    pyxis tells one), else '' (a registry reference)."""
+    return image if image.startswith((".", "/")) else ""
 
 
-def gate_containers(cluster: str, job_id: str, nodes: Sequence[str], name: str, image: str) -> list[str]:
-    """Run the gate on ``nodes`` of ``job_id`` for the container ``name`` of ``image``
-    (``judge`` says what is returned and raised)."""
+def gate_containers(
+    cluster: str, job_id: str, nodes: Sequence[str], name: str, image: str, env: Mapping[str, str]
+) -> list[str]:
+    """Run the gate on ``nodes`` of ``job_id`` for the container ``name`` of ``image``, in
+    the environment the container's steps get (``env``: pyxis hands it to enroot, whose
+    defaults may read it: HOME, XDG_*, ENROOT_CONFIG_PATH); ``judge`` says what is returned
+    and raised."""
     step = step_name(cluster, "container-gate")
     argv = srun_argv(job_id, nodes, ["bash", "-c", GATE, "gate", name, image_file(image)], name=step)
     what = f"the container check (step {step} of job {job_id} on {compress(nodes)})"
-    proc = run_step(argv, what, GATE_TIMEOUT)
+    proc = run_step(argv, what, GATE_TIMEOUT, env)
     if proc.returncode != 0:
         raise ContainerGateError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     return judge(proc.stdout, nodes)

@@ -88,13 +88,16 @@ def _job_nodes(state: ClusterState) -> list[str]:
 
 def remove_container(name: str) -> str:
     """The cleanup's lines that remove the cluster's named container on a node: pyxis keeps
-    it (as ``pyxis_<name>`` under enroot's data path, with its default global scope) after
-    its steps and job have ended. Nothing to do where it is not (never made there, or the
-    site's ``container_scope=job`` removed it); a removal that fails fails the cleanup."""
-    quoted = shlex.quote(f"pyxis_{name}")
+    it under enroot's data path after its steps have ended, as ``pyxis_<name>`` (its default
+    global scope: after the job too) or ``pyxis_<job>_<name>`` (``container_scope=job``:
+    until the job's end). Nothing to do where it is not (never made there); a removal that
+    fails fails the cleanup."""
+    quoted = shlex.quote(name)
     return (
-        f"if command -v enroot >/dev/null && enroot list | grep -qxF {quoted}; then\n"
-        f"  enroot remove -f {quoted} >&2 || exit 1\n"
+        "if command -v enroot >/dev/null; then\n"
+        f'  for made in pyxis_{quoted} "pyxis_${{SLURM_JOB_ID}}_"{quoted}; do\n'
+        '    if enroot list | grep -qxF "$made"; then enroot remove -f "$made" >&2 || exit 1; fi\n'
+        "  done\n"
         "fi\n"
     )
 
@@ -374,7 +377,7 @@ def ensure_container_plan(state: ClusterState, settings: ProviderConfig, alloc: 
         versions=(RAY_VERSION_TEXT, python),
     )
     removed = gate_containers(
-        state.cluster_name, state.job_id, alloc.node_names, plan.name, settings.container.image
+        state.cluster_name, state.job_id, alloc.node_names, plan.name, settings.container.image, plan.env
     )
     for line in removed:
         logger.info("removed a leftover container of this cluster's name on %s", line)

@@ -18,26 +18,28 @@ from eray_provider.runtime.container_gate import ANSWER, GATE, ContainerGateErro
 
 NAME = "eray.c.7"
 
-#: exports as enroot's ``config::export`` does (traced by ``bash -x``: a value with a space
-#: is quoted); ``remove -f NAME`` removes NAME under the data path
+#: answers ``info`` as enroot does (its final ENROOT_* values, a variable of the caller's
+#: environment over the configured value, as enroot's ``config::export`` takes it: the gate
+#: must unset those pyxis does not pass), and ``remove -f NAME`` under the data path
 FAKE_ENROOT = """#!/usr/bin/env bash
 set -euo pipefail
-config::export() {{ [ -n "${{3-}}" ] && export "$1=$2" || export "$1=${{!1:-$2}}"; }}
-config::export ENROOT_DATA_PATH {data!r}
-config::export ENROOT_RUNTIME_PATH {runtime!r}
+data="${{ENROOT_DATA_PATH:-{data}}}" config="${{ENROOT_CONFIG_PATH:-{config}}}"
 case "$1" in
-remove) rm -rf "$ENROOT_DATA_PATH/$3" ;;
+info) printf '  ENROOT_CONFIG_PATH=%s\\n  ENROOT_DATA_PATH=%s\\n  ENROOT_RUNTIME_PATH=%s\\n' \\
+        "$config" "$data" "${{ENROOT_RUNTIME_PATH:-{runtime}}}" ;;
+remove) rm -rf "$data/$3" ;;
 esac
 """
 
 
-def gate(tmp_path: Path, data: Path, runtime: Path, image: str = "") -> str:
+def gate(tmp_path: Path, data: Path, runtime: Path, image: str = "", config: Path | None = None) -> str:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     enroot = bindir / "enroot"
-    enroot.write_text(FAKE_ENROOT.format(data=str(data), runtime=str(runtime)))
+    config = config or tmp_path / "home" / ".config" / "enroot"
+    enroot.write_text(FAKE_ENROOT.format(data=data, runtime=runtime, config=config))
     enroot.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURMD_NODENAME="n1")
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURMD_NODENAME="n1", SLURM_JOB_ID="7")
     env["ENROOT_DATA_PATH"] = "/elsewhere"  # ours, which pyxis never passes: ignored
     proc = subprocess.run(
         ["bash", "-c", GATE, "gate", NAME, image], env=env, capture_output=True, text=True, timeout=30
@@ -53,14 +55,17 @@ def private(path: Path) -> Path:
     return path
 
 
-def test_private_paths_pass_and_a_leftover_of_ours_is_removed(tmp_path) -> None:
+def test_private_paths_pass_and_leftovers_of_ours_are_removed(tmp_path) -> None:
     base = private(tmp_path / "base")
     data, runtime = private(base / "data with space"), private(base / "runtime")
     assert gate(tmp_path, data, runtime) == f"{ANSWER} n1 ok"
-    leftover = private(data / f"pyxis_{NAME}")
-    (leftover / "old-image").write_text("")
-    assert gate(tmp_path, data, runtime) == f"{ANSWER} n1 ok removed {leftover}"
-    assert not leftover.exists()
+    # enroot's config dir (hooks run as the user) is made, private, where it was missing
+    config = tmp_path / "home" / ".config" / "enroot"
+    assert config.is_dir() and config.stat().st_mode & 0o777 == 0o700
+    # a leftover under pyxis' global-scope name and one under its job-scope name
+    leftovers = [private(data / f"pyxis_{NAME}"), private(data / f"pyxis_7_{NAME}")]
+    assert gate(tmp_path, data, runtime) == f"{ANSWER} n1 ok removed {leftovers[0]} {leftovers[1]}"
+    assert not any(path.exists() for path in leftovers)
 
 
 def test_a_dir_writable_by_others_is_refused_unless_sticky(tmp_path) -> None:
@@ -95,12 +100,29 @@ def test_another_users_dir_on_the_way_is_refused_as_written_and_resolved(tmp_pat
     link.symlink_to(data)
     os.lchown(link, uid, -1)
     assert gate(tmp_path, link, runtime) == f"{ANSWER} n1 open {link} {link} {uid} 777"
-    # an image file of theirs, or in a dir of theirs
+    # a link of ours through a dir of theirs: a hop the written and resolved paths both miss
+    hop_dir = private(base / "evil")
+    (hop_dir / "hop").symlink_to(data)
+    os.chown(hop_dir, uid, -1)
+    os.lchown(hop_dir / "hop", uid, -1)
+    (base / "lnk").symlink_to(hop_dir / "hop")
+    line = gate(tmp_path, base / "lnk", runtime)
+    assert line.startswith(f"{ANSWER} n1 open {base / 'lnk'} {hop_dir} {uid} ") or line.startswith(
+        f"{ANSWER} n1 open {base / 'lnk'} {hop_dir / 'hop'} {uid} "
+    ), line
+    # enroot's config dir made first by them (its hooks would run as us)
+    config = private(base / "config")
+    os.chown(config, uid, -1)
+    line = gate(tmp_path, data, runtime, config=config)
+    assert line == f"{ANSWER} n1 open {config} {config} {uid} 700", line
+    # an image file of theirs, or one that is not there (they could make it later)
     image = theirs / "image.sqsh"
     image.write_text("")
     assert gate(tmp_path, data, runtime, str(image)).endswith(" ok")
     os.chown(image, uid, -1)
     assert gate(tmp_path, data, runtime, str(image)) == f"{ANSWER} n1 open {image} {image} {uid} 644"
+    line = gate(tmp_path, data, runtime, str(base / "none.sqsh"))
+    assert line == f"{ANSWER} n1 failed the image {base / 'none.sqsh'} is not a file on this node", line
 
 
 def test_verdicts_read() -> None:
@@ -110,5 +132,9 @@ def test_verdicts_read() -> None:
         judge(ok, ["a", "b", "c"])
     with pytest.raises(ContainerGateError, match="on a, the check could not run: enroot is not on the PATH"):
         judge(f"{ANSWER} a missing enroot is not on the PATH of a step", ["a"])
-    assert image_file("/img/x.sqsh") == "/img/x.sqsh" and image_file("./x.sqsh") == "./x.sqsh"
+    with pytest.raises(ContainerGateError, match="a answered the check with 'twice'"):
+        judge(f"{ANSWER} a ok\n{ANSWER} a open /d /d 1 777\n", ["a"])
+    with pytest.raises(ContainerGateError, match="a answered the check with 'open garbled'"):
+        judge(f"{ANSWER} a open garbled", ["a"])
+    assert image_file("/img/x.sqsh") == "/img/x.sqsh" and image_file(".x.sqsh") == ".x.sqsh"
     assert image_file("nvcr.io#nvidia/pytorch:24.05-py3") == image_file("docker://ubuntu") == ""
