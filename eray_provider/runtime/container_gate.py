@@ -10,20 +10,29 @@ so a co-tenant who makes that path first (or the dir above it) plants a root fil
 of their own, and every node of the cluster would run it as the user, with the cluster's
 state dir and token mounted. A leftover of the user's own (an earlier cluster of the same
 name and job, left by a teardown that could not reach the node) is no better: pyxis would
-run its old image. So the gate, one plain step (not in any container) on every node:
+run its old image. So the gate, one plain step (not in any container) on every node, in
+the environment the container's steps get:
 
-- asks enroot itself (the site's ``enroot.conf`` and its drop-ins, evaluated by enroot's
-  own code, with no ``ENROOT_*`` variable of ours: pyxis passes none either) where it keeps
-  containers (``ENROOT_DATA_PATH``) and their mounts (``ENROOT_RUNTIME_PATH``);
-- walks each of those paths, the named container's, and the image's when it is a file,
-  component by component (as written and resolved): each must belong to root or the user,
-  and be writable by no one else unless sticky (``/tmp``: others cannot rename or remove
-  what is not theirs);
+- asks enroot itself (``enroot info``: the site's ``enroot.conf`` and its drop-ins,
+  evaluated by enroot's own code) for its paths, without the ``ENROOT_*`` variables pyxis
+  does not pass to it (the data, runtime, cache, temp, sysconf and library paths) and with
+  those it does (``ENROOT_CONFIG_PATH``);
+- makes enroot's config dir where it is missing (enroot never does, and runs the hooks it
+  finds there as the user, before the container's root is set), private;
+- walks each path pyxis' enroot reads a container from or runs code of: the data path and
+  the named container's path under either of pyxis' names, the config dir and its
+  ``hooks.d``, ``mounts.d``, ``environ.d``, the runtime, temp, sysconf and library paths,
+  and the image file (which must exist) or, for a registry image, the cache of its layers.
+  Every component, and every link's target hop by hop, must belong to root or the user and
+  be writable by no one else unless sticky (``/tmp``: others cannot rename or remove what
+  is not theirs);
 - removes a leftover named container (now known to be the user's), so the first step makes
   it afresh from the image.
 
-Any other answer refuses the cluster, naming the node, the path and its owner. The gate
-needs ``bash``, ``stat`` and ``enroot`` on the node, as pyxis does; no Python.
+Any other answer refuses the cluster, naming the node, the path and its owner. Not covered:
+an ``enroot`` on the step's PATH other than the one slurmstepd runs for pyxis (a site with
+two installs). The gate needs ``bash``, coreutils and ``enroot`` on the node, as pyxis
+does; no Python.
 """
 
 from __future__ import annotations
