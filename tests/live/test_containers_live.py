@@ -1,13 +1,15 @@
-"""pyxis and enroot on the test bed (``slurm-testbed up --containers``), as a site runs them.
+"""pyxis and enroot on the test bed (``slurm-testbed up --containers``), as a site runs them,
+and eray-provider's clusters in a container (``provider.container``, ``run --container-image``).
 
 The bed's slurmd loads pyxis 0.24.0 (``plugstack.conf``), enroot 4.1.2 keeps its data under
 each node's private /tmp, and ``scripts/test-image`` makes the test image: Debian 12, its
-Python, and the Ray and JAX of this suite. What eray-provider's container mode will rest on
-is shown here on real steps: a step runs in the image, as root and as another user (in a
-user namespace of its own, not as root); a second step of the job enters the running named
-container and sees its private /tmp, which a step outside it does not; the named container
-outlives its step and job (pyxis' default ``container_scope=global``) until ``enroot
-remove`` takes it, which leaves nothing of it on the node."""
+Python, and the Ray and JAX of this suite. On real steps: a step runs in the image as root
+and as another user; a named container is entered by the job's next steps and outlives its
+job (pyxis' default ``container_scope=global``) until ``enroot remove`` takes it. On real
+clusters: every node's Ray in the image, ``ray exec``/``submit`` there, the co-tenant checks,
+a leftover container replaced, ``ray down`` leaving nothing; an image of another Ray refused;
+a container path another user made first refused before anything runs in it; ``eray-provider
+run`` in an sbatch script with COMMAND in the image and a signal passed to it."""
 
 from __future__ import annotations
 
@@ -25,7 +27,15 @@ from pathlib import Path
 import jax
 import pytest
 import ray
-from ray_cluster_support import VENV_BIN, Cluster, cluster_pids, node_tmp_entries, state_left, wait_gone
+from ray_cluster_support import (
+    VENV_BIN,
+    Cluster,
+    cluster_pids,
+    collected_logs,
+    node_tmp_entries,
+    state_left,
+    wait_gone,
+)
 from testbed_support import REPO, Testbed, binds_as, listeners, other_user, require, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
@@ -195,6 +205,10 @@ def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
         psum = cluster.ray("submit", str(cluster.config), "examples/jax_psum.py", timeout=300).stdout
         assert "psum and process_allgather correct across 3 processes on 3 nodes" in psum, psum[-3000:]
         cluster.down()
+        # each node's process, in its container, got the teardown's SIGTERM through srun,
+        # pyxis and enroot, and stopped its Ray in order: it collected its node's logs
+        logs = collected_logs(cluster.state_dir)
+        assert len(logs) == 3 and all(meta.get("complete") for meta in logs.values()), logs
         steps = testbed.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout
         assert "eray." not in steps, steps
         for node in NODES:
