@@ -96,6 +96,8 @@ class WorkerPool:
         self._workers: tuple[dict[str, JobInfo] | None, WorkerJobs] = (None, {})
         self._pending_said: dict[str, str] = {}
         self._replaced_for: dict[str, JobInfo] | None = None
+        #: (job, run) of worker jobs whose Ray ended unseen, asked of SLURM once each
+        self._exit_asked: set[tuple[str, str]] = set()
         self._replace_retry: dict[str, float] = {}
         #: each running worker job's latest planned end: one that moves earlier was cut short
         self._planned_ends: dict[str, float] = {}
@@ -243,6 +245,40 @@ class WorkerPool:
         if jobs is not self._replaced_for:
             self._replaced_for = jobs
             self._replace_ending(jobs)
+            self._requeue_exited(jobs)
+
+    def _requeue_exited(self, jobs: dict[str, JobInfo]) -> None:
+        """Worker jobs SLURM still lists whose every node's Ray has ended (an exit marker)
+        before the autoscaler let them go: a node whose Ray ended is no longer listed, so the
+        autoscaler never will (a late round on a loaded head; a preempted node drains and
+        ends within seconds). Those SLURM runs again (a preemption that requeues) are
+        requeued now, as ``terminate`` does, while still in their grace time, and hidden
+        until they run again; the others are left to end. One ``scontrol`` per job and run;
+        a SLURM that does not answer is asked again next round."""
+        workers = self.worker_jobs(jobs)
+        records = self.state.records()
+        markers = self.state.markers()
+        by_job: dict[str, list[str]] = {}
+        for node_id, rec in records.items():
+            parsed = parse_elastic_node_id(node_id)
+            hidden = rec.requeued and Marker.RERUN.file(node_id) not in markers
+            if parsed and rec.elastic and parsed[0] in workers and not (rec.terminated or hidden):
+                by_job.setdefault(parsed[0], []).append(node_id)
+        ended = {job: ids for job, ids in by_job.items() if all(Marker.EXIT.file(i) in markers for i in ids)}
+        runs = {job: (job, self.state.read_marker(ids[0], Marker.RERUN) or "") for job, ids in ended.items()}
+        exited = {job: ids for job, ids in ended.items() if runs[job] not in self._exit_asked}
+        if not exited:
+            return
+        try:
+            requeued = self._requeued(list(exited), exited)
+        except SlurmCommandError as e:
+            logger.warning("could not ask SLURM whether jobs %s run again: %s", ", ".join(exited), e)
+            return
+        self._exit_asked.update(runs[job] for job in exited)
+        if requeued:
+            self.state.end_jobs({job: exited[job] for job in requeued}, requeued)
+            self.listing.expire()
+            self._drop()
 
     def after_round(self, listed: Round) -> None:
         """Tell each replacement that this listing shows it to the autoscaler in place of

@@ -165,3 +165,87 @@ def test_the_elastic_providers_worker_nodes_are_answered_by_its_worker_pool(
     assert provider.internal_ip("j501-1") == "w2" and provider.internal_ip("n1.1") == "n1"
     assert provider.is_terminated("j503-0") and not provider.is_terminated("j502-0")
     assert provider.node_tags("j503-0") == {}  # another cluster's job is not adopted
+
+
+def test_a_worker_job_whose_ray_ended_unseen_is_requeued_by_the_head_not_lost(
+    bindir: Path, tmp_path: Path
+) -> None:
+    """A preempted worker's Ray ends (its exit marker) before Ray's autoscaler let it go: no
+    longer listed, it would never be. The head's next round asks SLURM once whether the job
+    runs again, requeues it at once (``scontrol requeue``, in its grace time) and hides its
+    node until it runs again; a job that ends is asked about once and left to end."""
+    from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
+
+    from eray_provider.autoscaler.elastic import SlurmJobProvider
+    from eray_provider.plan.elastic_config import fill_elastic_config
+    from eray_provider.plan.markers import Marker
+    from eray_provider.plan.ports import choose_plan
+    from eray_provider.slurm.allocation import Allocation, NodeShare
+
+    rows = [
+        "501|RUNNING|1|w1|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",  # preempted, requeues
+        "502|RUNNING|1|w2|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",  # ends
+    ]
+    listing = "\n".join(rows)
+    fake(
+        bindir,
+        "squeue",
+        f'case "$*" in *" -s "*) echo "77.0 eray.c.head.1";; *) printf "%s\\n" "{listing}";; esac\n',
+    )
+    preempted = "JobId=501 JobState=RUNNING Requeue=1 Restarts=0 PreemptTime=2026-12-05T12:23:16 Partition=rq"
+    ending = "JobId=502 JobState=RUNNING Requeue=1 Restarts=0 PreemptTime=None Partition=rq"
+    calls = bindir / "scontrol.calls"
+    fake(
+        bindir,
+        "scontrol",
+        f'echo "$*" >> {calls}\n'
+        f'case "$*" in *"show job 501"*) echo "{preempted}";; *"show job 502"*) echo "{ending}";;\n'
+        '*"show partition"*) echo "PartitionName=rq PreemptMode=REQUEUE";; esac\n',
+    )
+    yaml = {
+        "cluster_name": "c",
+        "max_workers": 4,
+        "provider": {"type": "external", "module": "x", "state_dir": str(tmp_path / "state")},
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"node_config": {"sbatch": {"cpus_per_node": 2}}},
+            "cpu": {"min_workers": 0, "max_workers": 4, "node_config": {"sbatch": {"cpus_per_node": 2}}},
+        },
+    }
+    config = fill_elastic_config(
+        yaml, Allocation("77", (NodeShare("n1", 2, 0, None, 4000),)), python="python3"
+    )
+    state = ClusterState("c", "77", tmp_path / "state")
+    state.create()
+    state.save_ports(choose_plan("77", []))
+    state.save_cluster_config({"provider": config["provider"]})
+    doc = state.read()
+    doc["nodes"]["n1.1"] = {
+        "slurm_node": "n1", "role": "head", "gen": 1, "tags": {TAG_RAY_NODE_KIND: "head"},
+        "launched": time.time() - 600, "step_name": "eray.c.head.1",
+    }  # fmt: skip
+    tags = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "cpu"}
+    for job in ("501", "502"):
+        doc["nodes"][f"j{job}-0"] = {
+            "slurm_job": job,
+            "role": "worker",
+            "tags": tags,
+            "created": time.time() - 60,
+        }
+    state.write(doc)
+    provider = SlurmJobProvider(config["provider"], "c")
+    provider.pool.on_head = True
+    assert provider.non_terminated_nodes({}) == ["n1.1", "j501-0", "j502-0"]
+    for job in ("501", "502"):
+        state.write_marker(f"j{job}-0", Marker.EXIT, "0")
+    time.sleep(READ_FRESH_SECONDS + 0.05)
+    provider.pool.listing.expire()
+    assert provider.non_terminated_nodes({}) == ["n1.1"]
+    asked = calls.read_text().splitlines()
+    assert "requeue 501" in asked and "requeue 502" not in asked, asked
+    records = state.records()
+    assert records["j501-0"].requeued and not records["j502-0"].requeued and not records["j502-0"].terminated
+    # asked once: the next rounds ask SLURM nothing more about either
+    provider.pool.listing.expire()
+    provider.non_terminated_nodes({})
+    assert calls.read_text().splitlines() == asked
