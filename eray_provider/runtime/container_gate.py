@@ -48,13 +48,13 @@ from ..slurm.srun import run_step, srun_argv
 #: Seconds the gate (one srun over the nodes) may take.
 GATE_TIMEOUT = 120.0
 #: Each node's answer starts with this word.
-ANSWER = "ERAY_CONTAINER_GATE"
+ANSWER = "eray-container-gate"
 
 #: The gate on one node: ``bash -c GATE gate NAME IMAGE`` (IMAGE: a file's path, or empty).
 GATE = r"""
 set -u
 name="$1" image="$2" me=$(id -u) node="${SLURMD_NODENAME:-$(hostname)}"
-say() { local text="$*"; printf '%s %s %s\n' "ERAY_CONTAINER_GATE" "$node" "${text//$'\n'/ }"; }
+say() { local text="$*"; printf '%s %s %s\n' "eray-container-gate" "$node" "${text//$'\n'/ }"; }
 # every path the walk reaches: "path uid mode" of the first that belongs to another user, or
 # that another user may write in and is not sticky; a link is walked as a component and then
 # its target (as `namei` does), so no directory on the way is left out
