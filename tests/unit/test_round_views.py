@@ -107,24 +107,14 @@ def test_is_terminated_does_not_wait_for_a_round(bindir: Path, tmp_path: Path) -
     assert provider.is_terminated("n2.2")
 
 
-def test_the_elastic_providers_worker_nodes_are_answered_by_its_worker_pool(
-    bindir: Path, tmp_path: Path
-) -> None:
-    """One round answers both parts: the head (a step of the head's job, from its record)
-    and the worker jobs (from squeue's job listing), a worker without a record adopted by
-    its job's name; each per-node call goes to the part that owns the node."""
-    from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
-
+def elastic_cluster(bindir: Path, tmp_path: Path, rows: list[str], workers: dict[str, dict]):
+    """Cluster ``c`` of head job 77 (its head a step on n1), squeue listing ``rows`` (the
+    jobs) and the head's step, and the records ``workers``: its provider and its state."""
     from eray_provider.autoscaler.elastic import SlurmJobProvider
     from eray_provider.plan.elastic_config import fill_elastic_config
     from eray_provider.plan.ports import choose_plan
     from eray_provider.slurm.allocation import Allocation, NodeShare
 
-    rows = [
-        "501|RUNNING|2|w[1-2]|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",
-        "502|PENDING|1||Priority|1:00:00|Unknown|2:00:00|eray.c.77.cpu",
-        "503|RUNNING|1|w9|None|1:00:00|Unknown|2:00:00|eray.other.77.cpu",  # another cluster's
-    ]
     listing = "\n".join(rows)
     steps = 'echo "77.0 eray.c.head.1"'
     fake(bindir, "squeue", f'case "$*" in *" -s "*) {steps};; *) printf "%s\\n" "{listing}";; esac\n')
@@ -147,12 +137,27 @@ def test_the_elastic_providers_worker_nodes_are_answered_by_its_worker_pool(
     doc = state.read()
     head = {"slurm_node": "n1", "role": "head", "gen": 1, "tags": {TAG_RAY_NODE_KIND: "head"}}
     doc["nodes"]["n1.1"] = {**head, "launched": time.time() - 600, "step_name": "eray.c.head.1"}
+    doc["nodes"].update(workers)
+    state.write(doc)
+    return SlurmJobProvider(config["provider"], "c"), state
+
+
+def test_the_elastic_providers_worker_nodes_are_answered_by_its_worker_pool(
+    bindir: Path, tmp_path: Path
+) -> None:
+    """One round answers both parts: the head (a step of the head's job, from its record)
+    and the worker jobs (from squeue's job listing), a worker without a record adopted by
+    its job's name; each per-node call goes to the part that owns the node."""
+    from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
+
+    rows = [
+        "501|RUNNING|2|w[1-2]|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",
+        "502|PENDING|1||Priority|1:00:00|Unknown|2:00:00|eray.c.77.cpu",
+        "503|RUNNING|1|w9|None|1:00:00|Unknown|2:00:00|eray.other.77.cpu",  # another cluster's
+    ]
     worker_tags = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "cpu", TAG_RAY_NODE_STATUS: "mine"}
     worker = {"slurm_job": "501", "role": "worker", "tags": worker_tags, "created": time.time()}
-    doc["nodes"]["j501-0"] = worker
-    state.write(doc)
-
-    provider = SlurmJobProvider(config["provider"], "c")
+    provider, _state = elastic_cluster(bindir, tmp_path, rows, {"j501-0": worker})
     assert provider.non_terminated_nodes({}) == ["n1.1", "j501-0", "j501-1", "j502-0"]
     assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: "worker"}) == ["j501-0", "j501-1", "j502-0"]
     assert provider.node_tags("j501-0")[TAG_RAY_NODE_STATUS] == "mine"  # its record's
@@ -176,22 +181,12 @@ def test_a_worker_job_whose_ray_ended_unseen_is_requeued_by_the_head_not_lost(
     node until it runs again; a job that ends is asked about once and left to end."""
     from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 
-    from eray_provider.autoscaler.elastic import SlurmJobProvider
-    from eray_provider.plan.elastic_config import fill_elastic_config
     from eray_provider.plan.markers import Marker
-    from eray_provider.plan.ports import choose_plan
-    from eray_provider.slurm.allocation import Allocation, NodeShare
 
     rows = [
         "501|RUNNING|1|w1|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",  # preempted, requeues
         "502|RUNNING|1|w2|None|1:00:00|Unknown|2:00:00|eray.c.77.cpu",  # ends
     ]
-    listing = "\n".join(rows)
-    fake(
-        bindir,
-        "squeue",
-        f'case "$*" in *" -s "*) echo "77.0 eray.c.head.1";; *) printf "%s\\n" "{listing}";; esac\n',
-    )
     preempted = "JobId=501 JobState=RUNNING Requeue=1 Restarts=0 PreemptTime=2026-12-05T12:23:16 Partition=rq"
     ending = "JobId=502 JobState=RUNNING Requeue=1 Restarts=0 PreemptTime=None Partition=rq"
     calls = bindir / "scontrol.calls"
@@ -202,38 +197,13 @@ def test_a_worker_job_whose_ray_ended_unseen_is_requeued_by_the_head_not_lost(
         f'case "$*" in *"show job 501"*) echo "{preempted}";; *"show job 502"*) echo "{ending}";;\n'
         '*"show partition"*) echo "PartitionName=rq PreemptMode=REQUEUE";; esac\n',
     )
-    yaml = {
-        "cluster_name": "c",
-        "max_workers": 4,
-        "provider": {"type": "external", "module": "x", "state_dir": str(tmp_path / "state")},
-        "head_node_type": "head",
-        "available_node_types": {
-            "head": {"node_config": {"sbatch": {"cpus_per_node": 2}}},
-            "cpu": {"min_workers": 0, "max_workers": 4, "node_config": {"sbatch": {"cpus_per_node": 2}}},
-        },
-    }
-    config = fill_elastic_config(
-        yaml, Allocation("77", (NodeShare("n1", 2, 0, None, 4000),)), python="python3"
-    )
-    state = ClusterState("c", "77", tmp_path / "state")
-    state.create()
-    state.save_ports(choose_plan("77", []))
-    state.save_cluster_config({"provider": config["provider"]})
-    doc = state.read()
-    doc["nodes"]["n1.1"] = {
-        "slurm_node": "n1", "role": "head", "gen": 1, "tags": {TAG_RAY_NODE_KIND: "head"},
-        "launched": time.time() - 600, "step_name": "eray.c.head.1",
-    }  # fmt: skip
     tags = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "cpu"}
-    for job in ("501", "502"):
-        doc["nodes"][f"j{job}-0"] = {
-            "slurm_job": job,
-            "role": "worker",
-            "tags": tags,
-            "created": time.time() - 60,
-        }
-    state.write(doc)
-    provider = SlurmJobProvider(config["provider"], "c")
+    workers = {
+        f"j{job}-0": {"slurm_job": job, "role": "worker", "tags": tags, "created": time.time() - 60}
+        for job in ("501", "502")
+    }
+    provider, state = elastic_cluster(bindir, tmp_path, rows, workers)
+    assert provider.pool is not None
     provider.pool.on_head = True
     assert provider.non_terminated_nodes({}) == ["n1.1", "j501-0", "j502-0"]
     for job in ("501", "502"):
