@@ -17,6 +17,7 @@ local Ray, as the seed did.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the first process waits at exit for the others to disconnect.
 EXIT_WAIT_SECONDS = 120.0
+#: Seconds a stopped start waits for the other processes to learn it (``_tell_stopped``).
+STOPPED_WAIT_SECONDS = 10.0
 _initialized = False
 
 
@@ -118,13 +121,27 @@ def _build(
             with shielded():
                 try:
                     teardown(state)
-                    remove_state_dir(state.dir)  # also what a start stopped early left: the others see it go
+                    _tell_stopped(state, layout.num_processes, stopped.name)
                 except TeardownError as e:  # the state is how a later teardown finds the steps
                     logger.error("%s", e)
     logger.error("%s during the step's Ray cluster start: it was stopped", stopped.name)
     if stopped.signum == signal.SIGINT:
         raise stopped
     raise SystemExit(stopped.exit_status)
+
+
+def _tell_stopped(state: ClusterState, processes: int, why: str) -> None:
+    """After a stopped start's teardown: the other processes learn it from a ``failed``
+    marker, also those that have not yet looked (a process slow to start would never see
+    the state dir go, and would wait out its timeout); each answers with its ``done``
+    marker. Then the state dir goes; waiting for the answers is bounded
+    (``STOPPED_WAIT_SECONDS``: within SLURM's KillWait after a SIGTERM)."""
+    state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (state.dir / _FAILED_FILE).write_text(f"{why} during its start: it was stopped")
+    deadline = time.monotonic() + STOPPED_WAIT_SECONDS
+    while len(list(state.dir.glob(f"{_DONE_FILE}.*"))) < processes - 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    remove_state_dir(state.dir)
 
 
 def _start(
@@ -155,14 +172,19 @@ def _start(
     return address
 
 
-def _wait_ready(state: ClusterState, timeout: float) -> str:
-    """Other processes: the address the first process published."""
+def _wait_ready(state: ClusterState, rank: int, timeout: float) -> str:
+    """Other processes: the address the first process published. A start that failed or
+    was stopped is answered with this process's ``done`` marker (the first process waits
+    for them before it removes the state)."""
     deadline = time.monotonic() + timeout
     seen = False
     while time.monotonic() < deadline:
         failed = state.dir / _FAILED_FILE
         if failed.exists():
-            raise ClusterError(f"the step's Ray cluster did not start: {failed.read_text()}")
+            why = failed.read_text()
+            with contextlib.suppress(OSError):  # the state may be gone already
+                (state.dir / f"{_DONE_FILE}.{rank}").write_text("")
+            raise ClusterError(f"the step's Ray cluster did not start: {why}")
         if seen and not state.dir.exists():
             raise ClusterError(f"the step's Ray cluster was stopped during its start ({state.dir})")
         seen = seen or state.dir.exists()
@@ -205,7 +227,7 @@ def _step_cluster(env: Mapping[str, str], start_workers: bool, timeout: float) -
     if layout.process_id == 0:
         address = _build(state, layout, slurm_cluster, start_workers, timeout)
     else:
-        address = _wait_ready(state, timeout + 120)
+        address = _wait_ready(state, layout.process_id, timeout + 120)
     # registered before ray.init, so it runs after Ray's own exit handler
     atexit.register(_report_done, state, layout.process_id)
     client = cluster_env(state)

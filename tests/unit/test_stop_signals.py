@@ -129,5 +129,29 @@ def test_the_other_tasks_of_a_step_cluster_stopped_during_its_start_are_told_at_
     threading.Timer(1.0, remove_state_dir, args=(state.dir,)).start()
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match="was stopped during its start"):
-        _wait_ready(state, timeout=60)
+        _wait_ready(state, 1, timeout=60)
     assert time.monotonic() - t0 < 30  # not the join timeout
+
+
+def test_a_task_that_looks_only_after_a_stopped_start_is_told_too(tmp_path) -> None:
+    """A task slow to start (its imports on a loaded node) never saw the state dir of a
+    start that was stopped: the first task leaves a ``failed`` marker after its teardown,
+    the late task reads it and answers (``done``), and the state dir goes once every other
+    task answered, not at the end of the bounded wait."""
+    import threading
+    import time
+
+    from eray_provider.errors import ClusterError
+    from eray_provider.runtime.cluster_state import ClusterState
+    from eray_provider.runtime.ray_cluster import STOPPED_WAIT_SECONDS, _tell_stopped, _wait_ready
+
+    state = ClusterState("step3@c", "77", tmp_path)
+    told = threading.Thread(target=_tell_stopped, args=(state, 2, "SIGTERM"))
+    t0 = time.monotonic()
+    told.start()
+    time.sleep(0.5)  # the late task's first look
+    with pytest.raises(ClusterError, match="did not start: SIGTERM during its start: it was stopped"):
+        _wait_ready(state, 1, timeout=60)
+    told.join(timeout=60)
+    assert not state.dir.exists()
+    assert time.monotonic() - t0 < STOPPED_WAIT_SECONDS  # it answered: no waiting out the bound
