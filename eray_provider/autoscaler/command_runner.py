@@ -133,13 +133,8 @@ class SrunCommandRunner(CommandRunnerInterface):
             command,
             pty=pty,
             immediate=timeout,
-            container=self._container(),
+            container=self.state.container_args(),  # in an instance of the node's container
         )
-
-    def _container(self) -> tuple[str, ...]:
-        """A command runs in an instance of the node's container (``provider.container``)."""
-        container = self.state.container()
-        return container.args if container else ()
 
     def _env(self) -> dict[str, str]:
         return clean_env(os.environ)

@@ -410,6 +410,12 @@ class ClusterState:
         except FileNotFoundError:
             return None
 
+    def container_args(self) -> tuple[str, ...]:
+        """The runner's ``srun`` arguments of every step of the cluster on a node: an
+        instance of its container (none without one)."""
+        plan = self.container()
+        return plan.args if plan else ()
+
     def save_container(self, plan: ContainerPlan) -> None:
         _write_private(self.dir / "container.json", plan.to_json())
 

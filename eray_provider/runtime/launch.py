@@ -52,7 +52,7 @@ from .port_probe import (
     parse_reports,
 )
 from .process_identity import signal_command
-from .ray_compat import RAY_VERSION_TEXT, WORKER_TEMP_DIR_FROM_HEAD
+from .ray_compat import PYTHON_VERSION_TEXT, RAY_VERSION_TEXT, WORKER_TEMP_DIR_FROM_HEAD
 
 logger = logging.getLogger(__name__)
 
@@ -338,9 +338,8 @@ def _probe(
     name = step_name(state.cluster_name, "probe")
     container = state.container()
     command = python_m(python, PORT_PROBE, *args)
-    argv = srun_argv(
-        alloc.job_id, alloc.node_names, command, name=name, container=container.args if container else ()
-    )
+    runner = container.args if container else ()  # one read of the plan: its args and env
+    argv = srun_argv(alloc.job_id, alloc.node_names, command, name=name, container=runner)
     what = f"the port probe (step {name} of job {alloc.job_id} on {compress(alloc.node_names)})"
     env = {**(container.env if container else {}), **({environment.CLAIM_DIR: claim} if claim else {})}
     proc = run_step(argv, what, PROBE_TIMEOUT, env or None)
@@ -354,12 +353,6 @@ def _probe(
     return found
 
 
-def _start(state: ClusterState) -> tuple[str, ...]:
-    """The container arguments of a node's long-lived step (none without a container)."""
-    container = state.container()
-    return container.args if container else ()
-
-
 def ensure_container_plan(state: ClusterState, settings: ProviderConfig, alloc: Allocation) -> None:
     """Record how the cluster's steps reach its container (``provider.container``), once,
     after the gate has found the container's paths closed to other users on every node of
@@ -370,11 +363,10 @@ def ensure_container_plan(state: ClusterState, settings: ProviderConfig, alloc: 
     import eray_provider
 
     root = str(Path(eray_provider.__file__).resolve().parent.parent)
-    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     plan = plan_container(
         settings.container,
         *(state.cluster_name, state.job_id, str(state.dir), settings.temp_base, root),
-        versions=(RAY_VERSION_TEXT, python),
+        versions=(RAY_VERSION_TEXT, PYTHON_VERSION_TEXT),
     )
     removed = gate_containers(
         state.cluster_name, state.job_id, alloc.node_names, plan.name, settings.container.image, plan.env
@@ -401,7 +393,11 @@ def start_head(
         if not rec.launched or state.read_marker(node_id, Marker.EXIT) is not None:
             name = step_name(state.cluster_name, f"head.{rec.gen}")
             argv = srun_argv(
-                state.job_id, [slurm_node], python_m(python, NODE_RUN), name=name, container=_start(state)
+                state.job_id,
+                [slurm_node],
+                python_m(python, NODE_RUN),
+                name=name,
+                container=state.container_args(),
             )
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             state.mark_launched([node_id], name)
@@ -417,7 +413,7 @@ def launch_workers(
     the launch refused, and a teardown that begins later finds the step's record."""
     name = step_name(state.cluster_name, f"workers.{batch}")
     argv = srun_argv(
-        state.job_id, list(nodes), python_m(python, NODE_RUN), name=name, container=_start(state)
+        state.job_id, list(nodes), python_m(python, NODE_RUN), name=name, container=state.container_args()
     )
     env = node_env(state, "worker", nodes, {"RAY_NODE_TYPE_NAME": node_type})
     with state.lock(timeout=120):

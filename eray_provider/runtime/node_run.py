@@ -50,7 +50,12 @@ from .loopback_hold import LoopbackHold, hold_loopback
 from .node_logs import CapReached, collect
 from .port_probe import busy_ports, drop_dir, host_exclusions, port_open
 from .process_identity import identity
-from .ray_compat import RAY_VERSION_TEXT, WORKER_TEMP_DIR_FROM_HEAD, WORKER_WAITS_FOR_HEAD_NODE
+from .ray_compat import (
+    PYTHON_VERSION_TEXT,
+    RAY_VERSION_TEXT,
+    WORKER_TEMP_DIR_FROM_HEAD,
+    WORKER_WAITS_FOR_HEAD_NODE,
+)
 from .shared_dir import SharedDir, is_private_dir, remove_tree
 
 #: How long a worker waits for the head's GCS to accept connections (the head's own
@@ -499,8 +504,7 @@ def main() -> int:
         settings, facts = ProviderConfig.from_dict(provider), Filled.of(provider)
         container = state.container()
         if container is not None:  # this process runs in the image
-            python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-            mismatch = container.mismatch(RAY_VERSION_TEXT, python)
+            mismatch = container.mismatch(RAY_VERSION_TEXT, PYTHON_VERSION_TEXT)
             if mismatch:
                 raise NodeRunError(mismatch)
         plan = state.ports()

@@ -52,6 +52,7 @@ Ray.
 from __future__ import annotations
 
 import re
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -87,6 +88,8 @@ def installed_version() -> str:
 
 
 RAY_VERSION_TEXT = installed_version()
+#: This Python's ``major.minor``, which a container image's must be (``plan.container``).
+PYTHON_VERSION_TEXT = f"{sys.version_info[0]}.{sys.version_info[1]}"
 RAY_VERSION = parse_version(RAY_VERSION_TEXT)
 
 
