@@ -1,6 +1,7 @@
 """Calls to SLURM's client commands (scontrol, squeue, scancel, sbatch), each with a timeout.
 
-This is the only module that runs SLURM's client commands (``srun`` steps are ``srun``'s);
+This is the only module that runs SLURM's client commands (``execute``; long-lived ``srun``
+steps are ``srun``'s);
 parsing lives in ``scontrol`` and ``slurm.env``. Every call has a timeout, so a hung
 slurmctld gives an error instead of a hang. Reads and scancel may run twice and are
 retried (``run_slurm``); a submission may not (``run_sbatch``).
@@ -20,6 +21,7 @@ from ..errors import ClusterError, ConfigError
 from .allocation import Allocation, AllocationError, JobGoneError
 from .env import allocation_from_env, job_id_from_env
 from .forms import ANSWERS
+from .host_commands import relay_dir, relayed
 from .scontrol import (
     ENDS,
     being_preempted,
@@ -102,6 +104,31 @@ def command_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(INPUT_VARIABLES)}
 
 
+def execute(
+    args: Sequence[str], timeout: float, stdin: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one SLURM client command (or short srun) to its end, output captured, in its own
+    session (the terminal's Ctrl-C is the caller's to handle: a teardown that ignores it
+    must not lose its scancel to it; a job SLURM accepted is kept). In a container without
+    the command, the host runs it (``host_commands``, when the cluster's container names its
+    relay). ``FileNotFoundError``/``OSError`` when it cannot be run at all,
+    ``subprocess.TimeoutExpired`` past ``timeout``."""
+    env = os.environ if env is None else env
+    where = relay_dir(os.environ)
+    if where is not None and shutil.which(args[0]) is None:
+        return relayed(args, timeout, stdin, env, where)
+    return subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        env=dict(env),
+        start_new_session=True,
+    )
+
+
 def _run_once(
     args: Sequence[str], timeout: float, script: str | None = None, env: Mapping[str, str] | None = None
 ) -> str:
@@ -109,17 +136,7 @@ def _run_once(
     words. ``script`` goes to its stdin (sbatch); ``env`` (default: ours) loses the client
     commands' input variables."""
     try:
-        proc = subprocess.run(
-            list(args),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            input=script,
-            stdin=subprocess.DEVNULL if script is None else None,
-            env=command_env(os.environ if env is None else env),
-            start_new_session=True,  # the terminal's Ctrl-C is ours to handle (a teardown
-            # that ignores it must not lose its scancel to it; a job SLURM accepted is kept)
-        )
+        proc = execute(args, timeout, script, command_env(os.environ if env is None else env))
     except FileNotFoundError as e:
         raise SlurmCommandError(f"{args[0]} is not installed or not on PATH") from e
     except OSError as e:
@@ -153,7 +170,7 @@ def run_slurm(args: Sequence[str], timeout: float | None = None, attempts: int |
     bounded by ``timeout`` (``slurm_timeout()``), then raised as ``SlurmCommandError``
     with SLURM's words. An answer is raised at once as ``SlurmAnswerError``.
     """
-    if shutil.which(args[0]) is None:
+    if shutil.which(args[0]) is None and relay_dir(os.environ) is None:
         raise SlurmCommandError(f"{args[0]} is not installed or not on PATH")
     timeout = slurm_timeout() if timeout is None else timeout
     attempts = slurm_attempts() if attempts is None else attempts

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .client import SlurmAnswerError, SlurmCommandError, command_env, run_slurm
+from .client import SlurmAnswerError, SlurmCommandError, command_env, execute, run_slurm
 from .hostlist import compress
 
 #: SLURM variables that must not leak from the caller's step into a new srun or sbatch:
@@ -96,17 +96,11 @@ def run_step(
     Bounded by ``timeout``; a step that does not end in time is a ``SlurmCommandError``
     naming ``what`` (say which step, job and nodes), never a bare ``TimeoutExpired``."""
     try:
-        return subprocess.run(
-            list(argv),
-            env=clean_env(os.environ, extra_env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # the terminal's Ctrl-C is ours to handle, not srun's
-        )
+        return execute(argv, timeout, env=clean_env(os.environ, extra_env))
     except subprocess.TimeoutExpired as e:
         raise SlurmCommandError(f"{what} did not end within {timeout:.0f} s") from e
+    except OSError as e:
+        raise SlurmCommandError(f"{what} could not be run: {e}") from e
 
 
 def launch_detached(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:

@@ -15,8 +15,9 @@ from eray_provider.plan import environment
 from eray_provider.plan.environment import ClusterEnv, NodeLaunch
 
 PKG = Path(eray_provider.__file__).parent
-#: the user's own settings, read where they act
-SETTINGS = {"ERAY_STATE_DIR", "ERAY_SLURM_TIMEOUT", "ERAY_SLURM_ATTEMPTS"}
+#: the user's own settings, and the host relay a container's SLURM client hands its commands
+#: to (set by the container plan), read where they act: in the SLURM client's floor
+SETTINGS = {"ERAY_STATE_DIR", "ERAY_SLURM_TIMEOUT", "ERAY_SLURM_ATTEMPTS", "ERAY_HOST_RELAY"}
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ PKG = Path(eray_provider.__file__).parent
 FLOORS = {"slurm": 0, "plan": 1, "runtime": 2, "autoscaler": 3, "jax": 3}
 TOP = 4  # eray_provider/__init__.py and cli.py
 #: the one client of SLURM's commands: the only modules of a pure floor that run processes
-SLURM_CLIENT = {"eray_provider.slurm.client", "eray_provider.slurm.srun"}
+SLURM_CLIENT = {"eray_provider.slurm.client", "eray_provider.slurm.srun", "eray_provider.slurm.host_commands"}
 
 
 def module_name(path: Path) -> str:
