@@ -333,6 +333,8 @@ class WorkerPool:
             self.state, "worker", {}, {"RAY_NODE_TYPE_NAME": node_type}, elastic=True, replaces=replaces
         )
         name = worker_job_name(self.cluster_name, self.job_id, node_type)
+        image = self.settings.container.image if self.settings.container else ""
+        script = batch_script(self.python, self.state.container(), self.cluster_name, image)
         submitted: list[tuple[str, float]] = []
 
         try:
@@ -340,7 +342,7 @@ class WorkerPool:
                 job = submit(
                     request,
                     name,
-                    batch_script(self.python),
+                    script,
                     self.state.logs / "job-%j.log",
                     env,
                     warn_s=self._signal_lead(request),

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import ConfigError
+from ..slurm.host_commands import RELAY_ENV
 from .names import container_name
 
 RUNNERS = ("pyxis",)
@@ -109,13 +110,16 @@ class ContainerConfig:
         return out
 
 
-def start_args(config: ContainerConfig, name: str, same_path: Sequence[str]) -> list[str]:
+def start_args(config: ContainerConfig, name: str | None, same_path: Sequence[str]) -> list[str]:
     """The ``srun`` arguments of a step of the cluster on a node: an instance of its named
-    container (made from the image by the first), with ``same_path`` (the state dir, the
-    package) mounted where they are outside (an entry with a ``:`` is taken as a mount as
-    it is)."""
+    container (made from the image by the first), or with ``name`` None a container of the
+    step's own, which pyxis removes when the step ends; with ``same_path`` (the state dir,
+    the package) mounted where they are outside (an entry with a ``:`` is taken as a mount
+    as it is)."""
     mounts = [*(path if ":" in path else f"{path}:{path}" for path in same_path), *config.mounts]
-    args = [f"--container-image={config.image}", f"--container-name={name}:no_exec"]
+    args = [f"--container-image={config.image}"]
+    if name is not None:
+        args.append(f"--container-name={name}:no_exec")
     if mounts:
         args.append("--container-mounts=" + ",".join(mounts))
     if config.workdir:
@@ -142,6 +146,10 @@ class ContainerPlan:
     #: the login side's Ray and Python (``major.minor``), which the image's must be
     ray: str = ""
     python: str = ""
+    #: ``srun`` arguments of an elastic worker job's one step (its ``node_run`` on each of
+    #: its nodes): a container of the step's own, made from the image and removed by pyxis
+    #: when the step ends, also when the job is cancelled; nothing else enters it
+    job_args: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)} | {"env": dict(self.env)})
@@ -149,7 +157,12 @@ class ContainerPlan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ContainerPlan:
         return cls(
-            data["name"], tuple(data["args"]), dict(data["env"]), data.get("ray", ""), data.get("python", "")
+            data["name"],
+            tuple(data["args"]),
+            dict(data["env"]),
+            data.get("ray", ""),
+            data.get("python", ""),
+            tuple(data.get("job_args", ())),
         )
 
     def mismatch(self, ray: str, python: str) -> str | None:
@@ -178,9 +191,17 @@ def plan_container(
     a tmpfs /tmp of its own otherwise, and the port probe's claims, Ray's temp dirs and the
     teardown must be one), and the eray-provider package the nodes import (``package_root``
     holds ``eray_provider/``: the image needs Ray, not eray-provider). ``versions``: the
-    login side's Ray and Python, which every node checks its own against."""
+    login side's Ray and Python, which every node checks its own against. The container's
+    processes hand the SLURM commands they need to the host (``host_commands``: the image
+    need not have SLURM's) through the state dir's ``relay``."""
     name = container_name(cluster, job_id)
     package = f"{package_root.rstrip('/')}/eray_provider"
-    args = start_args(config, name, [state_dir, temp_base, f"{package}:{package}:ro"])
-    env = {**config.env, "PYTHONPATH": package_root}
-    return ContainerPlan(name, tuple(args), env, *versions)
+    same_path = [state_dir, temp_base, f"{package}:{package}:ro"]
+    env = {**config.env, "PYTHONPATH": package_root, RELAY_ENV: relay_path(state_dir)}
+    args, job_args = start_args(config, name, same_path), start_args(config, None, same_path)
+    return ContainerPlan(name, tuple(args), env, *versions, job_args=tuple(job_args))
+
+
+def relay_path(state_dir: str) -> str:
+    """Where a cluster's containers hand SLURM commands to the host (``host_commands``)."""
+    return f"{state_dir.rstrip('/')}/relay"

@@ -250,11 +250,6 @@ class ProviderConfig:
             key: CHECKS[key](value, f"provider.{key}") for key, value in provider.items() if key in CHECKS
         }
         config = cls(**{k: v for k, v in values.items() if v is not None or k in _OPTIONAL}, elastic=elastic)
-        if elastic and config.container is not None:
-            raise ClusterConfigError(
-                "provider.container is not supported by elastic clusters yet (SlurmJobProvider): run the "
-                "cluster in an allocation (cluster_yamls/slurm-cluster.yaml)"
-            )
         if elastic:
             clash = check_replace_lead(config.replace_before_end_s, config.drain_before_end_s)
             if clash:

@@ -145,8 +145,7 @@ class ClusterState:
         if not creating and not self.exists():
             raise self._gone()
         if self._lock is None:
-            ensure_private_dir(self.base)
-            ensure_private_dir(self.dir)
+            self._ensure_dir()
             self._lock = FileLock(str(self.dir / ".lock"))
         try:
             held = self._lock.acquire(timeout=timeout)
@@ -188,8 +187,7 @@ class ClusterState:
         ``slurm_cluster``: the SLURM cluster the job is of, recorded in a new state: job
         ids of two SLURM clusters that share a HOME are unrelated (``eray-provider
         status`` judges a cluster by its own controller's answer only)."""
-        ensure_private_dir(self.base)
-        ensure_private_dir(self.dir)
+        self._ensure_dir()
         for sub in (self.home, self.logs, self.node_dir):
             ensure_private_dir(sub)
         if not self.token_path.exists():
@@ -199,6 +197,14 @@ class ClusterState:
             if slurm_cluster:
                 doc["slurm_cluster"] = slurm_cluster
             self.write(doc)
+
+    def _ensure_dir(self) -> None:
+        """The state dir, private; the base is made or checked with a new state dir only:
+        an existing one was made in a private base, and in a container (where only the
+        state dir is mounted) the base is the image's read-only mount point."""
+        if not self.dir.is_dir():
+            ensure_private_dir(self.base)
+        ensure_private_dir(self.dir)
 
     def remove(self) -> None:
         """Delete the cluster's state (``remove_state_dir``)."""

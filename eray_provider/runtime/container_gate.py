@@ -38,6 +38,7 @@ does; no Python.
 from __future__ import annotations
 
 import pwd
+import shlex
 from collections.abc import Mapping, Sequence
 
 from ..errors import ClusterError
@@ -192,3 +193,35 @@ def gate_containers(
     if proc.returncode != 0:
         raise ContainerGateError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     return judge(proc.stdout, nodes)
+
+
+#: A worker job's verdict on its gate's answers, in its script (the host has no Python to
+#: count on): exactly one answer per node, each ``ok``, or the job fails before any
+#: container starts, the answers in its log.
+_JOB_VERDICT = r"""
+rc=$?
+want=${SLURM_JOB_NUM_NODES:-1}
+bad=$(grep -v -E '^eray-container-gate [^ ]+ ok( removed .*)?$' <<<"$answers")
+lines=$(grep -c . <<<"$answers")
+nodes=$(awk 'NF {print $2}' <<<"$answers" | sort -u | grep -c .)
+if [ "$rc" != 0 ] || [ -n "$bad" ] || [ "$lines" != "$want" ] || [ "$nodes" != "$want" ]; then
+  printf 'eray-provider: the container check refused the nodes of job %s (exit %s, %s of %s %s):\n%s\n' \
+    "$SLURM_JOB_ID" "$rc" "$nodes" "$want" "nodes answered" "$answers" >&2
+  exit 1
+fi
+"""
+
+
+def job_gate(cluster: str, image: str) -> str:
+    """The lines of an elastic worker job's script that run the gate on every node of the
+    job, before its one step enters a container: that step's container (pyxis' name for a
+    container of its own, ``<job>.<step>``: the job's second step) is checked as a
+    cluster's named one is, under the job's environment (the container's steps'). A node
+    that does not answer ``ok`` fails the job, its answers in the job's log."""
+    step = shlex.quote(step_name(cluster, "container-gate"))
+    return (
+        f"gate={shlex.quote(GATE)}\n"
+        "answers=$(srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet "
+        f'--job-name={step} bash -c "$gate" gate "$SLURM_JOB_ID.1" {shlex.quote(image_file(image))})'
+        + _JOB_VERDICT
+    )

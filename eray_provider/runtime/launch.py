@@ -35,6 +35,8 @@ from ..plan.ports import PortPlan, PortPlanError, candidates, choose_probed, nex
 from ..plan.provider_config import Filled, ProviderConfig
 from ..slurm.allocation import Allocation
 from ..slurm.client import SlurmCommandError, slurm_timeout
+from ..slurm.host_commands import RELAY_ENV
+from ..slurm.host_commands import SERVER as RELAY_SERVER
 from ..slurm.hostlist import compress
 from ..slurm.srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
 from . import stop_signals
@@ -391,6 +393,7 @@ def start_head(
         rec = state.records()[node_id]
         proc = None
         if not rec.launched or state.read_marker(node_id, Marker.EXIT) is not None:
+            start_relay(state, slurm_node)
             name = step_name(state.cluster_name, f"head.{rec.gen}")
             argv = srun_argv(
                 state.job_id,
@@ -402,6 +405,27 @@ def start_head(
             proc = launch_detached(argv, log, node_env(state, "head", {slurm_node: node_id}, extra_env))
             state.mark_launched([node_id], name)
     return proc
+
+
+def start_relay(state: ClusterState, slurm_node: str) -> None:
+    """In a cluster with a container: the host step on the head's node that runs SLURM's
+    commands for the cluster's containers (``slurm.host_commands``), detached, for the
+    cluster's life (the teardown cancels it with the cluster's steps; the head's job's end
+    ends it). Started with the head: a server that already runs keeps serving and the new
+    one ends at once."""
+    container = state.container()
+    relay = container.env.get(RELAY_ENV) if container is not None else None
+    if not relay:
+        return
+    where = Path(relay)
+    where.mkdir(mode=0o700, exist_ok=True)
+    argv = srun_argv(
+        state.job_id,
+        [slurm_node],
+        ["bash", "-c", RELAY_SERVER, "relay", str(where)],
+        name=step_name(state.cluster_name, "relay"),
+    )
+    launch_detached(argv, state.logs / "relay.log", clean_env(os.environ))
 
 
 def launch_workers(

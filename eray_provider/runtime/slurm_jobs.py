@@ -14,12 +14,14 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..plan.container import ContainerPlan
 from ..plan.modules import NODE_RUN
 from ..plan.names import is_cluster_job
 from ..plan.sbatch import SbatchRequest
 from ..slurm.client import SlurmAnswerError, SlurmCommandError, SlurmFailedError, run_sbatch, run_slurm
 from ..slurm.squeue import SQUEUE_FORMAT, JobInfo, parse_squeue
 from ..slurm.walltime import END_SIGNAL
+from .container_gate import job_gate
 
 
 def squeue_user() -> str:
@@ -29,17 +31,23 @@ def squeue_user() -> str:
     return str(os.getuid())
 
 
-def batch_script(python: str) -> str:
+def batch_script(
+    python: str, container: ContainerPlan | None = None, cluster: str = "", image: str = ""
+) -> str:
     """The job's script: one long-lived step, one ``node_run`` per node (the Ray node).
 
     ``--overlap`` is not needed (the batch step holds no CPUs of the tasks); the step
-    ends when Ray ends on every node, and so does the job.
+    ends when Ray ends on every node, and so does the job. In a cluster with a container
+    (``container``, of ``image``) the gate runs first on every node of the job
+    (``container_gate.job_gate``), then the step runs in a container of its own, which
+    pyxis removes when the step ends, also when the job is cancelled.
     """
-    return (
-        "#!/bin/bash\n"
-        "exec srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet "
-        f"{shlex.quote(python)} -m {NODE_RUN}\n"
-    )
+    step = "srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=0 --quiet"
+    node = f"{shlex.quote(python)} -m {NODE_RUN}"
+    if container is None:
+        return f"#!/bin/bash\nexec {step} {node}\n"
+    args = " ".join(map(shlex.quote, container.job_args))
+    return f"#!/bin/bash\n{job_gate(cluster, image)}exec {step} {args} {node}\n"
 
 
 #: The most seconds before its end that sbatch ``--signal`` takes.

@@ -332,3 +332,64 @@ def test_eray_provider_run_in_an_sbatch_script_runs_nodes_and_command_in_the_ima
         left = testbed.on_node(node, "ls /tmp/enroot-0/data 2>/dev/null || true").stdout.split()
         assert f"pyxis_eray.run.{job}" not in left, (node, left)
     assert state_left(Path.home() / ".eray-provider" / f"run-{job}") == [], text[-2000:]
+
+
+def test_an_elastic_cluster_in_the_image_runs_its_worker_jobs_there_and_leaves_nothing(
+    testbed: Testbed, image: str, tmp_path
+) -> None:
+    """``SlurmJobProvider`` with ``provider.container``: the head's job and a worker job the
+    autoscaler submits both run their Ray in the image, which has no SLURM commands: the
+    head's autoscaler submits and cancels the worker's job through the host's relay
+    (``slurm.host_commands``). The worker's job gates its node, then runs in a container of
+    its step's own, which pyxis removes when the job is cancelled; ``ray down`` leaves no
+    job, no container and no state."""
+    from test_elastic_live import ElasticCluster
+
+    cluster = ElasticCluster(
+        testbed,
+        tmp_path,
+        "elcont",
+        idle_timeout_minutes=0.5,
+        provider={"container": {"image": image}},
+    )
+    data = "ls /tmp/enroot-0/data 2>/dev/null || true"
+    try:
+        cluster.up()
+        jobs = cluster.jobs()
+        assert list(jobs.values()) == ["eray.elcont.head"], jobs
+        (head_job,) = jobs
+        # the image has none of SLURM's commands: what the autoscaler runs, the host runs
+        seen = cluster.exec("command -v sbatch squeue scancel srun || echo NONE").stdout
+        assert "NONE" in seen and "/sbatch" not in seen, seen
+        out = cluster.ray(
+            "submit", str(cluster.config), "tests/drivers/elastic_demand.py", "--", "2", timeout=600
+        ).stdout
+        ran = [line.split()[1:] for line in out.splitlines() if line.startswith("RAN ")]
+        assert len(ran) == 2, out[-3000:]
+        (worker_node, worker_job), *_ = [r for r in ran if r[1] != head_job]
+        assert cluster.jobs().get(worker_job) == f"eray.elcont.{head_job}.cpu", (ran, cluster.jobs())
+        # both raylets run in the image
+        raylets = [
+            pid
+            for pid in cluster_pids(head_job, "elcont")
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
+        ]
+        assert len(raylets) == 2, raylets
+        for pid in raylets:
+            assert os.stat(f"/proc/{pid}/root").st_dev != os.stat("/").st_dev, pid
+            assert list(Path(f"/proc/{pid}/root/usr/local/lib").glob("python3*/dist-packages/ray")), pid
+        # the worker's job is idle: the head cancels it (through the relay), and pyxis
+        # removes its step's container on its node
+        cluster.wait_jobs(lambda j: worker_job not in j, timeout=240, what="the idle worker's job cancelled")
+        wait_until(
+            "the worker's container removed",
+            lambda: not [e for e in testbed.on_node(worker_node, data).stdout.split() if worker_job in e],
+        )
+        cluster.down()
+        assert cluster.jobs() == {}
+        for node in NODES:
+            left = testbed.on_node(node, data).stdout.split()
+            assert not [e for e in left if "elcont" in e or worker_job in e], (node, left)
+        assert state_left(Path.home() / ".eray-provider" / f"elcont-{head_job}") == []
+    finally:
+        cluster.down(check=False)

@@ -138,3 +138,61 @@ def test_verdicts_read() -> None:
         judge(f"{ANSWER} a open garbled", ["a"])
     assert image_file("/img/x.sqsh") == "/img/x.sqsh" and image_file(".x.sqsh") == ".x.sqsh"
     assert image_file("nvcr.io#nvidia/pytorch:24.05-py3") == image_file("docker://ubuntu") == ""
+
+
+#: srun in a worker job's script: the gate's step prints the answers it is given, the
+#: node's step records that it ran (and how)
+FAKE_SRUN = """#!/bin/bash
+case "$*" in
+*--job-name=eray.c.container-gate*) printf '%s' "$ANSWERS"; exit "${GATE_EXIT:-0}" ;;
+*) echo "STEP $*" >> "$RAN" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("answers", "runs"),
+    [
+        (f"{ANSWER} n1 ok\n{ANSWER} n2 ok removed /d/pyxis_7.1\n", True),
+        (f"{ANSWER} n1 ok\n{ANSWER} n2 open /d /d 1001 755\n", False),  # one node refused
+        (f"{ANSWER} n1 ok\n", False),  # a node did not answer
+        (f"{ANSWER} n1 ok\n{ANSWER} n1 ok\n", False),  # one node answered for two
+        (f"{ANSWER} n1 ok\n{ANSWER} n2 ok\n{ANSWER} n3 ok\n", False),  # more answers than nodes
+        (f"{ANSWER} n1 ok\n{ANSWER} n2 okay\n", False),  # garbled
+    ],
+)
+def test_a_worker_job_enters_its_container_only_when_every_node_answered_ok(
+    tmp_path, answers: str, runs: bool
+) -> None:
+    """The script of an elastic worker job in a cluster with a container: the gate's step
+    over the job's nodes first, then the node step in the image, or nothing."""
+    from eray_provider.plan.container import ContainerConfig, plan_container
+    from eray_provider.runtime.slurm_jobs import batch_script
+
+    plan = plan_container(
+        ContainerConfig(image="/img/i.sqsh"), "c", "7", "/s/c-7", "/tmp", "/src", ("2.60.0", "3.11")
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(batch_script("python3", plan, "c", "/img/i.sqsh"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "srun").write_text(FAKE_SRUN)
+    (bindir / "srun").chmod(0o755)
+    ran = tmp_path / "ran"
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", ANSWERS=answers, RAN=str(ran))
+    env.update(SLURM_JOB_ID="8", SLURM_JOB_NUM_NODES="2")
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    if runs:
+        assert proc.returncode == 0, proc.stderr
+        (step,) = ran.read_text().splitlines()
+        assert step.endswith(" python3 -m eray_provider.runtime.node_run"), step
+        assert "--container-image=/img/i.sqsh" in step and "--container-name" not in step, step
+    else:
+        assert proc.returncode == 1 and not ran.exists()
+        assert "the container check refused the nodes of job 8" in proc.stderr, proc.stderr
+        assert answers.strip() in proc.stderr
+    # a gate step that failed is a refusal too, whatever it printed
+    env["GATE_EXIT"] = "1"
+    ran.unlink(missing_ok=True)
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and not ran.exists() and "(exit 1," in proc.stderr

@@ -78,7 +78,13 @@ def test_the_plan_mounts_what_the_nodes_share_and_names_a_version_mismatch() -> 
         "/tmp:/tmp",
         "/opt/src/eray_provider:/opt/src/eray_provider:ro",
     ]
-    assert plan.env == {"A": "1", "PYTHONPATH": "/opt/src"}
+    # the containers hand SLURM's commands to the host through the state dir's relay
+    relay = "/home/u/.eray-provider/c-7/relay"
+    assert plan.env == {"A": "1", "PYTHONPATH": "/opt/src", "ERAY_HOST_RELAY": relay}
+    # an elastic worker job's step: the same image and mounts, in a container of its own
+    # (no name: pyxis removes it when the step ends)
+    assert plan.job_args == tuple(a for a in plan.args if not a.startswith("--container-name="))
+    assert len(plan.job_args) == len(plan.args) - 1
     assert ContainerPlan.from_dict(json.loads(plan.to_json())) == plan
     assert plan.mismatch("2.60.0", "3.11") is None
     assert plan.mismatch("2.52.0", "3.11") == (
