@@ -15,10 +15,13 @@ one else could have made them first). What can be asked: ``sbatch``, ``squeue``,
 ``scancel``, ``scontrol`` and ``srun`` as the user, no other program. A request is a
 directory: ``argv`` and ``env`` (NUL-separated), ``stdin``, ``timeout``; the server claims
 it by renaming ``req.X`` to ``run.X`` (one server runs it, even if two were started), runs
-it under ``timeout`` with the host's ``PATH`` (the container's means nothing there) and
-without the caller's ``LD_PRELOAD``/``LD_LIBRARY_PATH``, and answers ``out``, ``err`` and,
-last, ``rc``. The caller is woken by polling; the server by a line on ``wake`` (a FIFO, on
-its node) or within a second. A server that does not run is seen at once (its lock is
+it under ``timeout`` with the host's ``PATH`` and ``SLURM_CONF`` (the container's mean
+nothing there) and the caller's other variables, set by builtins (never on an argv, which
+``/proc`` shows to every user), less any that makes a program load code (``LD_*``,
+``BASH_ENV``, ``GCONV_PATH``...), and answers ``out``, ``err`` and, last, ``rc``. A caller
+that gives up withdraws its request whole (renamed away) unless the server took it. The
+caller is woken by polling; the server by a line on ``wake`` (a FIFO, on its node) or
+within a second. A server that does not run is seen at once (its lock is
 free) and is an error, as a missing command is: no verdict about any job.
 
 Used only where the command is not on the caller's ``PATH`` and ``RELAY_ENV`` names a dir
@@ -52,38 +55,55 @@ TIMED_OUT = (124, 137)
 SERVER = (
     r"""
 set -u
-dir="$1"
+dir="$1" host_path="$PATH" host_conf="${SLURM_CONF:-}"
+[ -d "$dir" ] && [ ! -L "$dir" ] || exit 1
 exec 9>>"$dir/lock" || exit 1
-flock -n 9 || exit 0  # one server per cluster: a second start leaves the first serving
+flock -n -E 200 9
+case $? in
+0) ;;
+200) exit 0 ;;  # one server per cluster: a second start leaves the first serving
+*) echo "eray-provider: cannot lock $dir/lock (flock): SLURM's commands cannot be relayed" >&2; exit 1 ;;
+esac
 rm -f "$dir/wake" && mkfifo -m 600 "$dir/wake" && exec 8<>"$dir/wake" || exit 1
 allowed=" """
     + " ".join(COMMANDS)
     + r""" "
 serve() {
-  local r="$1" argv=() envs=() keep=() e seconds=30
+  local r="$1" argv=() envs=() e seconds=30
   mapfile -d '' -t argv < "$r/argv"
   mapfile -d '' -t envs < "$r/env"
   read -r seconds < "$r/timeout" || true
-  [[ $seconds =~ ^[0-9]+$ ]] || seconds=30
-  if [[ $allowed != *" ${argv[0]:-none} "* ]]; then
+  [[ $seconds =~ ^[1-9][0-9]{0,5}$ ]] || seconds=30
+  if [[ ${#argv[@]} -eq 0 || $allowed != *" ${argv[0]} "* || ${argv[0]} == *[!a-z]* ]]; then
     : > "$r/out"
     echo "eray-provider: the host relay runs SLURM's commands only, not ${argv[0]:-nothing}" > "$r/err"
     echo 126 > "$r/rc.part" && mv -f "$r/rc.part" "$r/rc"
     return
   fi
-  for e in "${envs[@]}"; do
-    case $e in PATH=* | LD_PRELOAD=* | LD_LIBRARY_PATH=*) ;; *) keep+=("$e") ;; esac
-  done
-  env -i "${keep[@]}" PATH="$PATH" timeout -k 5 "$seconds" "${argv[@]}" \
-    < "$r/stdin" > "$r/out" 2> "$r/err" 8>&- 9>&-
+  set -- -k 5 "$seconds" "${argv[@]}"
+  (
+    exec < "$r/stdin" > "$r/out" 2> "$r/err" || exit 1
+    # the caller's variables set by builtins, never on an argv (/proc shows those to all);
+    # the host's PATH and SLURM_CONF, none that makes a program load code
+    for e in $(compgen -e); do unset -v "$e" 2> /dev/null; done
+    export PATH="$host_path"
+    for e in "${envs[@]}"; do
+      case $e in
+      PATH=* | LD_* | BASH_ENV=* | ENV=* | BASH_FUNC_* | SLURM_CONF=* | GCONV_PATH=*) continue ;;
+      esac
+      [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] && export -- "$e" 2> /dev/null
+    done
+    [ -z "$host_conf" ] || export SLURM_CONF="$host_conf"
+    exec timeout "$@"
+  )
   echo $? > "$r/rc.part" && mv -f "$r/rc.part" "$r/rc"
 }
 while [ -d "$dir" ]; do
   for req in "$dir"/req.*; do
-    [ -d "$req" ] || continue
+    [[ -d $req && ! -L $req ]] || continue
     run="$dir/run.${req#"$dir"/req.}"
     mv -T -- "$req" "$run" 2>/dev/null || continue
-    serve "$run" 8>&- &
+    serve "$run" 8>&- 9>&- &
   done
   read -r -t 1 -u 8 _ || true
 done
@@ -151,12 +171,16 @@ def relayed(
     token = secrets.token_hex(8)
     draft = where / f"draft.{token}"
     draft.mkdir(mode=0o700)
-    _write(draft / "argv", b"\0".join(a.encode() for a in args) + b"\0")
-    _write(draft / "env", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
-    _write(draft / "stdin", (stdin or "").encode())
-    _write(draft / "timeout", f"{max(1, round(timeout))}\n".encode())
     request, running = where / f"req.{token}", where / f"run.{token}"
-    os.rename(draft, request)
+    try:
+        _write(draft / "argv", b"\0".join(a.encode() for a in args) + b"\0")
+        _write(draft / "env", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+        _write(draft / "stdin", (stdin or "").encode())
+        _write(draft / "timeout", f"{max(1, round(timeout))}\n".encode())
+        os.rename(draft, request)
+    except BaseException:
+        shutil.rmtree(draft, ignore_errors=True)  # a full disk must not stay full of drafts
+        raise
     _wake(where)
     deadline = time.monotonic() + timeout + ANSWER_SLACK
     pause = 0.01
@@ -178,5 +202,12 @@ def relayed(
             time.sleep(pause)
             pause = min(0.2, pause * 2)
     finally:
-        for left in (request, running):
+        # a request not taken yet is withdrawn whole first (renamed away, the server can no
+        # longer take it), never half removed under a server that takes it meanwhile
+        gone = where / f"gone.{token}"
+        try:
+            os.rename(request, gone)
+        except OSError:
+            pass
+        for left in (gone, running):
             shutil.rmtree(left, ignore_errors=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from eray_provider.slurm.host_commands import RELAY_ENV, SERVER, relayed, servin
 FAKE = """#!/bin/bash
 if [ "${1:-}" = sleep ]; then exec sleep 600; fi
 echo "ARGS $(basename "$0") $*"
-echo "SEEN ${SEEN:-unset} PRELOAD ${LD_PRELOAD:-none} PATH $PATH"
+echo "SEEN ${SEEN:-unset} PRELOAD ${LD_PRELOAD:-none} AUDIT ${LD_AUDIT:-none} BASH_ENV ${BASH_ENV:-none}" \\
+  "PATH $PATH"
+echo "CONF ${SLURM_CONF:-none} PARENT $(tr '\\0' ' ' < /proc/$PPID/cmdline)"
 [ -t 0 ] || sed 's/^/IN /'
 [ "${1:-}" = fail ] && { echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }
 exit 0
@@ -38,7 +41,7 @@ def relay(tmp_path, monkeypatch):
         (host_bin / name).chmod(0o755)
     where = tmp_path / "state" / "relay"
     where.mkdir(parents=True, mode=0o700)
-    server_env = {"PATH": f"{host_bin}:/usr/bin:/bin"}
+    server_env = {"PATH": f"{host_bin}:/usr/bin:/bin", "SLURM_CONF": "/host/slurm.conf"}
     started = [
         subprocess.Popen(["bash", "-c", SERVER, "relay", str(where)], env=server_env, stderr=subprocess.PIPE)
     ]
@@ -56,14 +59,19 @@ def relay(tmp_path, monkeypatch):
 
 def test_a_command_missing_here_runs_on_the_host_with_its_input_and_answer(relay) -> None:
     where, _, _ = relay
-    env = {"SEEN": "yes", "LD_PRELOAD": "/x/shim.so", "PATH": "/container/bin"}
+    env = {"SEEN": "secret-1", "LD_PRELOAD": "/x/shim.so", "LD_AUDIT": "/x/a.so", "BASH_ENV": "/x/rc"}
+    env.update(PATH="/container/bin", SLURM_CONF="/container/slurm.conf")
     out = run_sbatch(["sbatch", "--parsable", "-J", "a b"], "#!/bin/bash\ntrue\n", env)
     lines = out.splitlines()
     assert lines[0] == "ARGS sbatch --parsable -J a b"  # each argument as it was, spaces too
-    # the caller's variables, less the preload (a container's shim means nothing on the
-    # host); the host's PATH, not the container's
-    assert lines[1].startswith("SEEN yes PRELOAD none PATH ") and "host-bin" in lines[1]
-    assert lines[2:] == ["IN #!/bin/bash", "IN true"]
+    # the caller's variables, less any that loads code (a container's shim means nothing
+    # on the host); the host's PATH and SLURM_CONF, not the container's
+    assert lines[1].startswith("SEEN secret-1 PRELOAD none AUDIT none BASH_ENV none PATH "), lines[1]
+    assert "host-bin" in lines[1]
+    # and never on an argv, which every user reads in /proc: not on the command's parent's
+    assert lines[2].startswith("CONF /host/slurm.conf PARENT timeout -k 5 "), lines[2]
+    assert "secret-1" not in lines[2]
+    assert lines[3:] == ["IN #!/bin/bash", "IN true"]
     # a verdict of SLURM's comes back as one, as when squeue runs here
     with pytest.raises(client.SlurmAnswerError, match="Invalid job id"):
         run_slurm(["squeue", "fail"], attempts=1)
@@ -120,3 +128,37 @@ def test_a_command_here_is_run_here_even_with_a_relay_named(tmp_path, monkeypatc
     monkeypatch.setenv(RELAY_ENV, str(tmp_path / "no-relay"))
     assert execute(["true"], 10).returncode == 0  # on PATH: no relay asked
     assert not Path(tmp_path / "no-relay").exists()
+
+
+def test_a_request_that_is_a_link_is_not_followed_and_a_restarted_server_serves(relay, tmp_path) -> None:
+    where, started, server_env = relay
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "argv").write_bytes(b"squeue\0")
+    (where / "req.link").symlink_to(outside)
+    assert run_slurm(["squeue", "y"], attempts=1).startswith("ARGS squeue y")
+    assert sorted(p.name for p in outside.iterdir()) == ["argv"]  # nothing run, nothing written
+    (where / "req.link").unlink()
+
+    # a server killed while a command of its runs: the command does not keep its lock
+    def hangs() -> None:
+        with pytest.raises(SlurmCommandError):
+            run_slurm(["squeue", "sleep"], timeout=3, attempts=1)
+
+    slow = threading.Thread(target=hangs)
+    slow.start()
+    deadline = time.monotonic() + 10
+    while not any(p.name.startswith("run.") for p in where.iterdir()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    started[0].kill()
+    started[0].wait(timeout=30)
+    started.append(
+        subprocess.Popen(["bash", "-c", SERVER, "relay", str(where)], env=server_env, stderr=subprocess.PIPE)
+    )
+    deadline = time.monotonic() + 10
+    while not serving(where) or started[-1].poll() is not None:
+        assert time.monotonic() < deadline and started[-1].poll() is None, "the new server did not serve"
+        time.sleep(0.05)
+    assert run_slurm(["squeue", "z"], attempts=1).startswith("ARGS squeue z")
+    slow.join(timeout=30)
