@@ -9,7 +9,8 @@ job (pyxis' default ``container_scope=global``) until ``enroot remove`` takes it
 clusters: every node's Ray in the image, ``ray exec``/``submit`` there, the co-tenant checks,
 a leftover container replaced, ``ray down`` leaving nothing; an image of another Ray refused;
 a container path another user made first refused before anything runs in it; ``eray-provider
-run`` in an sbatch script with COMMAND in the image and a signal passed to it."""
+run`` in an sbatch script with COMMAND in the image and a signal passed to it; an elastic
+cluster whose worker jobs run in the image and whose head submits them through the host."""
 
 from __future__ import annotations
 
@@ -78,6 +79,20 @@ def probe(testbed: Testbed, argv: list[str], user: str | None = None) -> dict:
     out = testbed.run([*prefix, *argv, "python3", "-c", PROBE], timeout=300, cwd="/").stdout
     (line,) = [line for line in out.splitlines() if line.startswith("PROBE ")]
     return json.loads(line[len("PROBE ") :])
+
+
+def raylets_in_the_image(job: str, cluster: str, count: int) -> list[int]:
+    """The cluster's ``count`` raylets, each shown to run in a container of the image: its
+    root is another file system than the node's (the container's, unpacked by enroot), with
+    the image's Ray where the host has none."""
+    raylets = [
+        pid for pid in cluster_pids(job, cluster) if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
+    ]
+    assert len(raylets) == count, raylets
+    for pid in raylets:
+        assert os.stat(f"/proc/{pid}/root").st_dev != os.stat("/").st_dev, pid
+        assert list(Path(f"/proc/{pid}/root/usr/local/lib").glob("python3*/dist-packages/ray")), pid
+    return raylets
 
 
 def test_a_step_runs_in_the_test_image_as_root_and_as_another_user(testbed: Testbed, image: str) -> None:
@@ -183,17 +198,8 @@ def test_a_cluster_in_the_image_runs_jax_and_ray_down_leaves_no_container(
             read = testbed.on_node(node, f"runuser -u {user} -- cat {token}", check=False)
             assert read.returncode != 0 and "Permission denied" in read.stderr, (node, read)
         # each node's raylet runs in the container
-        raylets = [
-            pid
-            for pid in cluster_pids(job, "incont")
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
-        ]
-        assert len(raylets) == 3, raylets
+        raylets = raylets_in_the_image(job, "incont", 3)
         for pid in raylets:
-            # another file system than the node's (the container's rootfs, unpacked by enroot),
-            # with the image's Ray where the host has none
-            assert os.stat(f"/proc/{pid}/root").st_dev != os.stat("/").st_dev, pid
-            assert list(Path(f"/proc/{pid}/root/usr/local/lib").glob("python3*/dist-packages/ray")), pid
             # the container's files, through its process, are closed to the other user
             look = testbed.run(["runuser", "-u", user, "--", "ls", f"/proc/{pid}/root/"], check=False)
             assert look.returncode != 0 and "Permission denied" in look.stderr, (pid, look)
@@ -368,16 +374,7 @@ def test_an_elastic_cluster_in_the_image_runs_its_worker_jobs_there_and_leaves_n
         assert len(ran) == 2, out[-3000:]
         (worker_node, worker_job), *_ = [r for r in ran if r[1] != head_job]
         assert cluster.jobs().get(worker_job) == f"eray.elcont.{head_job}.cpu", (ran, cluster.jobs())
-        # both raylets run in the image
-        raylets = [
-            pid
-            for pid in cluster_pids(head_job, "elcont")
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
-        ]
-        assert len(raylets) == 2, raylets
-        for pid in raylets:
-            assert os.stat(f"/proc/{pid}/root").st_dev != os.stat("/").st_dev, pid
-            assert list(Path(f"/proc/{pid}/root/usr/local/lib").glob("python3*/dist-packages/ray")), pid
+        raylets_in_the_image(head_job, "elcont", 2)  # the head's and the worker's
         # the worker's job is idle: the head cancels it (through the relay), and pyxis
         # removes its step's container on its node
         cluster.wait_jobs(lambda j: worker_job not in j, timeout=240, what="the idle worker's job cancelled")
