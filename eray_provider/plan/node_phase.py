@@ -29,7 +29,8 @@ class NodePhase(str, Enum):
     REQUEUED = "requeued"
     #: its process runs: setup commands, the wait for the head
     SETTING_UP = "setting up"
-    #: a replacement whose Ray waits to take its old node's place
+    #: a replacement whose Ray waits to take its old node's place, or a requeued job's
+    #: node that runs again and waits for the head to show it
     STANDING_BY = "standing by"
     #: its Ray is being started, or runs (its address is known)
     RUNNING = "running"
@@ -61,7 +62,10 @@ TRANSITIONS: dict[NodePhase, frozenset[NodePhase]] = {
     NodePhase.RECORDED: frozenset({NodePhase.LAUNCHED, NodePhase.PENDING}) | _ENDS,
     NodePhase.LAUNCHED: frozenset(LIVE - {NodePhase.RECORDED, NodePhase.LAUNCHED}) | _ENDS,
     NodePhase.PENDING: frozenset(LIVE - {NodePhase.RECORDED, NodePhase.PENDING}) | _ENDS,
-    NodePhase.REQUEUED: frozenset({NodePhase.PENDING, NodePhase.SETTING_UP, NodePhase.RUNNING}) | _ENDS,
+    NodePhase.REQUEUED: frozenset(
+        {NodePhase.PENDING, NodePhase.SETTING_UP, NodePhase.STANDING_BY, NodePhase.RUNNING}
+    )
+    | _ENDS,
     NodePhase.SETTING_UP: frozenset({NodePhase.STANDING_BY, NodePhase.RUNNING, NodePhase.REQUEUED}) | _ENDS,
     NodePhase.STANDING_BY: frozenset({NodePhase.RUNNING, NodePhase.REQUEUED}) | _ENDS,
     NodePhase.RUNNING: frozenset({NodePhase.DRAINING, NodePhase.REQUEUED}) | _ENDS,

@@ -155,22 +155,23 @@ def current_head(state: ClusterState) -> str | None:
     return heads[-1] if heads else None
 
 
-def stand_by(state: ClusterState, node_id: str, replaces: str) -> None:
-    """A replacement of job ``replaces``'s node (elastic ``replace_before_end_s``) starts
-    Ray only once the head's provider shows it to the autoscaler in that node's place
-    (its ``handover`` marker, written after its ``standby`` marker): a Ray node that the
-    autoscaler does not know of would be taken for one too many of its type, and stopped.
-    Bounded by ``STANDBY_SECONDS``; ``ClusterStoppingError`` when the cluster is being
-    stopped meanwhile."""
+def stand_by(state: ClusterState, node_id: str, why: str) -> None:
+    """A replacement of another job's node (elastic ``replace_before_end_s``), or a node
+    whose job SLURM requeued and runs again, starts Ray only once the head's provider shows
+    it to the autoscaler (its ``handover`` marker, written after its ``standby`` marker): a
+    Ray node that the autoscaler does not know of would be taken for one too many of its
+    type, and stopped. ``why``: what the node does, for its log. Bounded by
+    ``STANDBY_SECONDS``; ``ClusterStoppingError`` when the cluster is being stopped
+    meanwhile."""
     state.write_marker(node_id, Marker.STANDBY, str(time.time()))
-    print(f"eray-provider: {node_id} replaces job {replaces}'s node: standing by", flush=True)
+    print(f"eray-provider: {node_id} {why}: standing by until the head shows it", flush=True)
     deadline = time.monotonic() + STANDBY_SECONDS
     while state.read_marker(node_id, Marker.HANDOVER) is None:
         state.check_launchable()
         if time.monotonic() > deadline:
             raise NodeRunError(
-                f"{node_id} stood by {STANDBY_SECONDS:.0f} s to replace job {replaces}'s node and the "
-                f"head's autoscaler never showed it (is the head alive? see {state.logs})"
+                f"{node_id} ({why}) stood by {STANDBY_SECONDS:.0f} s and the head's autoscaler never "
+                f"showed it (is the head alive? see {state.logs})"
             )
         time.sleep(0.5)
 
@@ -276,15 +277,19 @@ def _stop_helper(proc: subprocess.Popen) -> None:
             proc.wait(timeout=5)
 
 
-def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> None:
+def _start_again(state: ClusterState, node_id: str, env: Mapping[str, str]) -> int:
     """An elastic worker's job that SLURM requeued runs again from the start: what its last
-    run left (its end, its drain) is removed, and a ``rerun`` marker tells the provider,
-    which hid the node since the requeue, to show it again."""
+    run left (its end, its drain, its hand-over) is removed, and a ``rerun`` marker tells the
+    provider, which hid the node since the requeue, to show it again (then it stands by
+    until shown, ``stand_by``). Returns how often SLURM requeued the job."""
     state.marker(node_id, Marker.EXIT).unlink(missing_ok=True)
     state.marker(node_id, Marker.DRAIN).unlink(missing_ok=True)
     restarts = restart_count(env)
     if restarts > 0:
+        for old in (Marker.HANDOVER, Marker.STANDBY):
+            state.marker(node_id, old).unlink(missing_ok=True)
         state.write_marker(node_id, Marker.RERUN, str(restarts))
+    return restarts
 
 
 def _run_setup(commands: list[str], env: dict[str, str]) -> None:
@@ -510,8 +515,9 @@ def main() -> int:
         plan = state.ports()
         if plan is None:
             raise NodeRunError(f"no port plan in {state.dir}")
+        rerun = 0
         if own_job is not None:
-            _start_again(state, node_id, env)
+            rerun = _start_again(state, node_id, env)
             alloc = load_allocation(own_job)
             node_plan = local_port_plan(own_job)
         else:
@@ -591,7 +597,9 @@ def main() -> int:
         state.write_marker(node_id, Marker.IP, ip)
         print(f"eray-provider: {role} {node_id} on {node_name} ({ip}): {spec.shell()}", flush=True)
         if launch.replaces:
-            stand_by(state, node_id, launch.replaces)
+            stand_by(state, node_id, f"replaces job {launch.replaces}'s node")
+        elif rerun:
+            stand_by(state, node_id, f"runs again (SLURM requeued its job {rerun} time(s))")
         state.check_launchable()  # a teardown that began while this step started wins
         _ray.append(gate)  # a stop from here on is passed to it
         head_wait = None

@@ -106,11 +106,28 @@ class SharedDir:
         return True
 
 
-def remove_tree(path: str, tries: int = 10) -> None:
-    """``rm -rf``, again while it comes back: Ray processes that outlive their raylet (a
-    killed or stopped Ray) may still write their logs into it for a moment."""
-    for _ in range(tries):
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path):
+#: How long ``remove_tree`` watches a removed dir for a Ray process that makes it again.
+SETTLE_SECONDS = 1.0
+#: The most ``remove_tree`` spends on one dir (a node's stop has SLURM's ``KillWait``, 30 s
+#: by default, for its Ray, its logs and this).
+REMOVE_SECONDS = 8.0
+
+
+def remove_tree(path: str) -> None:
+    """``rm -rf``, again while it comes back, until it has stayed away ``SETTLE_SECONDS``
+    (at most ``REMOVE_SECONDS``): Ray processes that outlive their raylet (a stopping
+    Ray, on a loaded node) may still make their log dirs in it a moment after it went."""
+    deadline = time.monotonic() + REMOVE_SECONDS
+    gone_since: float | None = None
+    while True:
+        now = time.monotonic()
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+            gone_since = None
+        elif gone_since is None:
+            gone_since = now
+        elif now - gone_since >= SETTLE_SECONDS:
             return
-        time.sleep(0.2)
+        if now > deadline:
+            return
+        time.sleep(0.1)

@@ -39,6 +39,8 @@ from ray_cluster_support import (
 )
 from testbed_support import REPO, Testbed, binds_as, listeners, other_user, require, wait_until
 
+from eray_provider.slurm.walltime import END_SIGNAL
+
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
 NODES = ("node1", "node2", "node3")
@@ -375,6 +377,14 @@ def test_an_elastic_cluster_in_the_image_runs_its_worker_jobs_there_and_leaves_n
         (worker_node, worker_job), *_ = [r for r in ran if r[1] != head_job]
         assert cluster.jobs().get(worker_job) == f"eray.elcont.{head_job}.cpu", (ran, cluster.jobs())
         raylets_in_the_image(head_job, "elcont", 2)  # the head's and the worker's
+        # SLURM's warning of the worker job's end (its --signal lead, or a preemption)
+        # reaches node_run in its container, which drains its node now: that asks squeue
+        # for the job's end from the container, through the relay
+        state = Path.home() / ".eray-provider" / f"elcont-{head_job}"
+        testbed.run(["scancel", f"--signal={END_SIGNAL}", worker_job])
+        wait_until("the worker drained", lambda: (state / "nodes" / f"j{worker_job}-0.drain").exists())
+        drained = json.loads((state / "nodes" / f"j{worker_job}-0.drain").read_text())
+        assert f"SLURM job {worker_job} ends at" in drained["message"], drained
         # the worker's job is idle: the head cancels it (through the relay), and pyxis
         # removes its step's container on its node
         cluster.wait_jobs(lambda j: worker_job not in j, timeout=240, what="the idle worker's job cancelled")
@@ -387,6 +397,6 @@ def test_an_elastic_cluster_in_the_image_runs_its_worker_jobs_there_and_leaves_n
         for node in NODES:
             left = testbed.on_node(node, data).stdout.split()
             assert not [e for e in left if "elcont" in e or worker_job in e], (node, left)
-        assert state_left(Path.home() / ".eray-provider" / f"elcont-{head_job}") == []
+        assert state_left(state) == []
     finally:
         cluster.down(check=False)
