@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
-from eray_provider.runtime.shared_dir import SharedDir, SharedDirError
+from eray_provider.runtime.shared_dir import SharedDir, SharedDirError, remove_tree
 
 
 def test_made_private_and_removed_by_its_only_user(tmp_path) -> None:
@@ -63,3 +65,24 @@ def test_a_symlink_or_another_users_dir_is_refused(tmp_path) -> None:
         os.chown(theirs, 65534, 65534)
         with pytest.raises(SharedDirError, match="uid 65534"):
             SharedDir(str(theirs)).enter()
+
+
+def test_a_dir_made_again_just_after_its_removal_is_removed_again(tmp_path) -> None:
+    """A stopping Ray process makes its log dir again a moment after the node removed its
+    temp dir: the removal waits until the dir has stayed away, and takes it again."""
+    path = tmp_path / "eray-7-x"
+    (path / "logs").mkdir(parents=True)
+
+    def late_writer() -> None:
+        deadline = time.monotonic() + 10
+        while path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        (path / "logs").mkdir(parents=True, exist_ok=True)  # as Ray's log monitor would
+        (path / "logs" / "raylet.out").write_text("late")
+
+    writer = threading.Thread(target=late_writer)
+    writer.start()
+    remove_tree(str(path))
+    writer.join(timeout=30)
+    assert not path.exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from eray_provider.plan.markers import Marker
 from eray_provider.plan.modules import GCS_PROBE, RAY_GATE, python_m
 from eray_provider.plan.provider_config import ProviderConfig
 from eray_provider.runtime.cluster_state import ClusterState, ClusterStoppingError
@@ -304,3 +305,31 @@ def test_a_heads_monitor_starts_after_registration_and_is_never_lost() -> None:
     out = subprocess.run([sys.executable, "-c", _MONITOR_ORDER], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "registered,monitor,monitor"
+
+
+def test_a_requeued_worker_running_again_stands_by_until_the_head_shows_it(tmp_path: Path) -> None:
+    """Its last run's end, drain and hand-over go; a ``rerun`` marker tells the provider to
+    show it again, and its Ray waits for a fresh hand-over (the first run's would let it
+    join before the autoscaler knows it). A first run keeps what the head wrote."""
+    from eray_provider.runtime.node_run import _start_again, stand_by
+
+    state = _state(tmp_path)
+    node = "j9-0"
+    for kind in (Marker.EXIT, Marker.DRAIN, Marker.HANDOVER, Marker.STANDBY):
+        state.write_marker(node, kind, "old")
+    assert _start_again(state, node, {}) == 0  # a first run: nothing of the head's goes
+    assert state.read_marker(node, Marker.HANDOVER) == "old" and state.read_marker(node, Marker.RERUN) is None
+    assert _start_again(state, node, {"SLURM_RESTART_COUNT": "2"}) == 2
+    for kind in (Marker.EXIT, Marker.DRAIN, Marker.HANDOVER, Marker.STANDBY):
+        assert state.read_marker(node, kind) is None, kind
+    assert state.read_marker(node, Marker.RERUN) == "2"
+    waiting = threading.Thread(target=stand_by, args=(state, node, "runs again"))
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while state.read_marker(node, Marker.STANDBY) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert waiting.is_alive()  # no hand-over yet: its Ray does not start
+    state.write_marker(node, Marker.HANDOVER, "now")  # the head's provider showed it
+    waiting.join(timeout=30)
+    assert not waiting.is_alive()
