@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from ray_cluster_support import Cluster
@@ -31,14 +32,19 @@ def jax_cluster(testbed: Testbed, tmp_path_factory):
 
 
 def markers(out: str, name: str) -> list[str]:
-    return [line[len(name) + 1 :] for line in out.splitlines() if line.startswith(name + " ")]
+    """What follows ``name`` on each line that has it: anywhere in the line, as Ray's log
+    forwarding thread writes to the driver's stdout beside its prints (``print`` writes a
+    line and its newline apart), so a marker may follow another's text on one line."""
+    tag = re.compile(rf"(?<![A-Z_]){re.escape(name)} ")  # not the end of a longer name
+    found = (tag.search(line) for line in out.splitlines())
+    return [m.string[m.end() :] for m in found if m]
 
 
 def test_psum_example_one_rank_per_node(jax_cluster: Cluster) -> None:
     proc = jax_cluster.ray("submit", str(jax_cluster.config), "examples/jax_psum.py")
     out = proc.stdout
     ranks = markers(out, "RANK")
-    assert len(ranks) == 3
+    assert len(ranks) == 3, out[-4000:]
     assert [r.split()[2].rstrip(":") for r in ranks] == ["node1", "node2", "node3"]  # node order
     assert all("psum=6.0 allgather=[0, 1, 2]" in r for r in ranks)
     # the group ends without JAX aborting a rank on the way out
