@@ -41,7 +41,7 @@ from ..slurm.hostlist import compress
 from ..slurm.srun import cancel_steps, clean_env, job_state, launch_detached, list_steps, run_step, srun_argv
 from . import stop_signals
 from .bind_shim import bind_env, shim_path
-from .cluster_state import ClusterState
+from .cluster_state import ClusterState, ensure_private_dir
 from .container_gate import gate_containers
 from .port_probe import (
     NodeReport,
@@ -417,8 +417,7 @@ def start_relay(state: ClusterState, slurm_node: str) -> None:
     relay = container.env.get(RELAY_ENV) if container is not None else None
     if not relay:
         return
-    where = Path(relay)
-    where.mkdir(mode=0o700, exist_ok=True)
+    where = ensure_private_dir(Path(relay))  # in the private state dir; never a link
     argv = srun_argv(
         state.job_id,
         [slurm_node],

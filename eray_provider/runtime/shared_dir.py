@@ -109,8 +109,8 @@ class SharedDir:
 #: How long ``remove_tree`` watches a removed dir for a Ray process that makes it again.
 SETTLE_SECONDS = 1.0
 #: The most ``remove_tree`` spends on one dir (a node's stop has SLURM's ``KillWait``, 30 s
-#: by default, for its Ray, its logs and this).
-REMOVE_SECONDS = 8.0
+#: by default, for its Ray, its helpers, its logs and two of these).
+REMOVE_SECONDS = 5.0
 
 
 def remove_tree(path: str) -> None:

@@ -162,3 +162,40 @@ def test_a_request_that_is_a_link_is_not_followed_and_a_restarted_server_serves(
         time.sleep(0.05)
     assert run_slurm(["squeue", "z"], attempts=1).startswith("ARGS squeue z")
     slow.join(timeout=30)
+
+
+def test_another_user_can_neither_ask_the_relay_nor_read_it(tmp_path) -> None:
+    """The relay's dir as the launcher makes it (in the cluster's state dir, under a base
+    that another user can reach): that user can list nothing, hand in no request, take or
+    read nothing of it."""
+    import pwd
+    import tempfile
+
+    from testbed_support import other_user
+
+    from eray_provider.plan.container import relay_path
+    from eray_provider.runtime.cluster_state import ClusterState, ensure_private_dir
+
+    user = other_user()
+    home = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(home, 0o755)  # a HOME others may enter
+    try:
+        state = ClusterState("c", "7", Path(home) / ".eray-provider")
+        state.create()
+        where = ensure_private_dir(Path(relay_path(str(state.dir))))  # as launch.start_relay
+        (where / "lock").touch()
+        assert pwd.getpwnam(user).pw_uid != os.getuid()
+        for attempt in (
+            f"ls {where}",
+            f"mkdir {where}/req.mine",
+            f"cat {where}/lock",
+            f"echo x > {where}/wake",
+            f"mkdir {state.dir}/relay2",
+        ):
+            proc = subprocess.run(
+                ["runuser", "-u", user, "--", "sh", "-c", attempt], capture_output=True, text=True, timeout=30
+            )
+            assert proc.returncode != 0 and "Permission denied" in proc.stderr, (attempt, proc)
+        assert sorted(p.name for p in where.iterdir()) == ["lock"]
+    finally:
+        subprocess.run(["rm", "-rf", home], check=True, timeout=30)
