@@ -183,11 +183,14 @@ def test_cluster_under_autoscaler_v1(testbed, ray_job, tmp_path) -> None:
         # v1 keeps the workers started with the head: it does not take them for outdated
         monitor = monitor_log(testbed, ray_job, lambda text: "StandardAutoscaler" in text)
         assert "StandardAutoscaler" in monitor and "(outdated)" not in monitor, monitor[-3000:]
+        # this cluster's monitor (its logs are in the head's temp dir, named for the job): the
+        # nodes share the machine's process table with other clusters, and other beds'
         monitor = cluster.exec(
-            "cat /proc/$(pgrep -f autoscaler/_private/monitor.py | head -1)/environ "
-            "| tr '\\0' '\\n' | grep -c '^RAY_enable_autoscaler_v2=1' || true"
+            f"pid=$(pgrep -f '[a]utoscaler/_private/monitor.py.*/tmp/eray-{ray_job}-' | head -1) && "
+            'test -n "$pid" && echo "monitor $pid" && '
+            "(tr '\\0' '\\n' < /proc/$pid/environ | grep -c '^RAY_enable_autoscaler_v2=1' || true)"
         ).stdout
-        assert monitor.strip().splitlines()[-1] == "0"
+        assert "monitor " in monitor and monitor.strip().splitlines()[-1] == "0", monitor
     finally:
         cluster.down(check=False)
     assert wait_gone(ray_job, "vone") == []

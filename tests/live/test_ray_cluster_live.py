@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 def test_srun_three_tasks_get_jax_and_a_three_node_ray_cluster(testbed: Testbed, allocation: str) -> None:
     env = dict(testbed.env, JAX_PLATFORMS="cpu")
     # what a killed first task of an ended job left behind is removed by the next one
-    leftover = Path.home() / ".eray-provider" / "step7-40001@eraytest-999999"
+    leftover = Path.home() / ".eray-provider" / f"step7-40001@{testbed.cluster_name}-999999"
     (leftover / "nodes").mkdir(parents=True, exist_ok=True)
     # ...but not what another SLURM cluster sharing this HOME keeps (its job ids are its own)
     foreign = Path.home() / ".eray-provider" / "step7-40001@othercluster-999999"

@@ -40,6 +40,8 @@ class Testbed:
             state = json.loads(Path(root, "state.json").read_text())
         except (OSError, ValueError):
             state = {}
+        #: the SLURM cluster's name (``ClusterName``): each bed on the machine has its own
+        self.cluster_name: str = state.get("cluster_name", "eraytest")
         #: a bed of a Slurm built here (``up --slurm 25.11``): its commands come first
         self.bindir: str = state.get("bindir") or ""
         #: pyxis and enroot (``up --containers``): enroot's prefix, "" without
