@@ -15,14 +15,17 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Every live test on Slurm 25.11 (built once per machine from vendor/), then scripts/compat: the
-# unit suite in .venv and on every other Python at once, and the live smoke tests on the oldest
-# Ray on Slurm 22.05 (Debian's package): both ends of each range.
+# Every live test on Slurm 25.11 (built once per machine from vendor/), in two lanes side by side
+# on a test bed each (scripts/live-lanes, tests/support/lanes.py); beside them, at a lower CPU
+# priority, scripts/compat's unit suites (.venv's and every other Python's); in the place of the
+# first lane to end, the live smoke tests on the oldest Ray on Slurm 22.05 (Debian's package):
+# both ends of each range.
 test: $(STAMP)
-	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py scripts/test-image
+	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py scripts/test-image scripts/live-lanes
 	$(VENV)/bin/mypy
-	ERAY_TESTBED_SLURM=25.11 $(PY) -m pytest -ra --durations=40 -m "(slurm or ray) and not soak" tests
-	ERAY_TESTBED_SLURM=22.05 PYTHON=$(PYTHON) MAIN_VENV=$(VENV) scripts/compat
+	ERAY_TESTBED_SLURM=25.11 $(PY) scripts/live-lanes \
+	    --beside "PYTHON=$(PYTHON) MAIN_VENV=$(VENV) scripts/compat units" \
+	    --then "ERAY_TESTBED_SLURM=22.05 PYTHON=$(PYTHON) scripts/compat smoke"
 
 compat: $(STAMP)
 	PYTHON=$(PYTHON) scripts/compat
@@ -31,7 +34,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -ra -m "not slurm and not ray" tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py scripts/test-image
+	$(VENV)/bin/ruff check eray_provider tests bench examples scripts/*.py scripts/test-image scripts/live-lanes
 	$(VENV)/bin/ruff format --check eray_provider tests bench examples
 	$(VENV)/bin/mypy
 

@@ -9,9 +9,32 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from lanes import LANE_VARIABLE, current_lane, in_lane
 from testbed_support import REPO, TESTBED, Testbed, require
 
 TESTBED_DIR = os.environ.get("ERAY_TESTBED_DIR", "/tmp/eray-testbed")
+#: the bed's place beside others on this machine (``slurm-testbed up --net``): a lane's own
+TESTBED_NET = os.environ.get("ERAY_TESTBED_NET", "0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``ERAY_TEST_LANE`` (``scripts/live-lanes``) only the lane's modules run."""
+    try:
+        lane = current_lane()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    if lane is None:
+        return
+    keep = [item for item in items if in_lane(item.path.stem, lane)]
+    gone = [item for item in items if not in_lane(item.path.stem, lane)]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    lane = os.environ.get(LANE_VARIABLE)
+    return f"lane {lane}: test bed {TESTBED_DIR} (net {TESTBED_NET})" if lane else None
 
 
 @pytest.fixture
@@ -40,8 +63,9 @@ def testbed() -> Iterator[Testbed]:
         # the checkout (and its .venv) must be visible on the nodes, as on a shared file system;
         # the newest Slurm runs pyxis and enroot, as container sites do
         containers = ["--containers"] if slurm == "25.11" else []
+        argv = [str(TESTBED), "--dir", TESTBED_DIR, "up", "--net", TESTBED_NET, "--share", str(REPO)]
         up = subprocess.run(
-            [str(TESTBED), "--dir", TESTBED_DIR, "up", "--share", str(REPO), "--slurm", slurm, *containers],
+            [*argv, "--slurm", slurm, *containers],
             capture_output=True,
             text=True,
             timeout=1200,

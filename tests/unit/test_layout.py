@@ -278,3 +278,15 @@ def test_the_tests_are_where_their_kind_says() -> None:
     assert collected("tests/unit", "slurm or ray or soak") == 0
     assert collected("tests/live", "not slurm and not ray") == 0
     assert collected("tests/unit", "not slurm and not ray") > 400
+
+
+def test_every_live_module_runs_in_exactly_one_lane() -> None:
+    """``make test`` runs the live modules in the lanes of ``tests/support/lanes.py``
+    (``scripts/live-lanes``): a module in no lane would never run there, one in two lanes
+    twice, at once, on two beds."""
+    from lanes import LANES
+    from testbed_support import REPO
+
+    live = sorted(path.stem for path in (REPO / "tests" / "live").glob("test_*.py"))
+    placed = [module for lane in LANES for module in lane]
+    assert sorted(placed) == live, (sorted(set(live) - set(placed)), sorted(set(placed) - set(live)))
