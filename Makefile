@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 # Every live test on Slurm 25.11 (built once per machine from vendor/), in two lanes side by side
-# on a test bed each (scripts/live-lanes, tests/support/lanes.py); beside them, at a lower CPU
-# priority, scripts/compat's unit suites (.venv's and every other Python's); in the place of the
+# on a test bed each (scripts/live-lanes, tests/support/lanes.py); beside them, scripts/compat's
+# unit suites (.venv's and every other Python's); in the place of the
 # first lane to end, the live smoke tests on the oldest Ray on Slurm 22.05 (Debian's package):
 # both ends of each range.
 test: $(STAMP)

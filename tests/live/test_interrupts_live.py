@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fault_injection import FaultyCommands
 from ray_cluster_support import VENV_BIN, Cluster, state_left
 from test_elastic_live import ElasticCluster
 from testbed_support import REPO, Testbed, wait_until
@@ -155,12 +156,19 @@ def test_an_interrupted_ray_up_stops_what_it_began_and_doubled_commands_leave_on
 ) -> None:
     job = testbed.salloc("-N3", "-c1", "--mem=1500", "-J", "eray-up-interrupt")
     cluster = Cluster(testbed, job, tmp_path, "upint")
+    # the first port probe's srun (run by `ray up` on this host) answers 60 s late: the signal
+    # meets `ray up` in the probe however fast or loaded the machine is (the probe's own step
+    # lives about a second, too short to be seen reliably in squeue beside other clusters)
+    faults = FaultyCommands(tmp_path / "faults")
+    faults.install()
+    cluster.env = faults.env(cluster.env)
+    faults.hang("srun", times=1, seconds=60, then="real", match="eray.upint.probe")
 
     def steps(kind: str = "") -> list[str]:
         return [s for s in _cluster_steps(testbed, job, "upint") if f".{kind}" in s]
 
     points = [
-        ("the port probe", signal.SIGINT, lambda: bool(steps("probe"))),
+        ("the port probe", signal.SIGINT, lambda: bool(faults.faulted("srun"))),
         ("the head's start", signal.SIGTERM, lambda: bool(steps("head"))),
         ("the workers' join", signal.SIGHUP, lambda: _any_ip_marker(cluster.state_dir)),
     ]
