@@ -1,6 +1,6 @@
 # make test: create .venv when missing, install the package with its test extra, lint (ruff, mypy), run everything
-# on Slurm 25.11, then the supported range (scripts/compat: the unit suite on the other Pythons, the
-# live smoke tests on the oldest supported Ray, on Slurm 22.05).
+# on Slurm 25.11 (the live tests in two lanes) and the supported range beside (scripts/compat: the unit suite
+# on the other Pythons, the live smoke tests on the oldest supported Ray, on Slurm 22.05).
 # make demo: the whole user flow on the SLURM test bed.
 PYTHON ?= python3
 VENV := .venv

@@ -78,13 +78,13 @@ def testbed() -> Iterator[Testbed]:
     if not re.search(rf"\b{re.escape(slurm)}\.\d+$", version):
         require(
             f"the running test bed is {version!r}, not the Slurm {slurm} asked for (ERAY_TESTBED_SLURM): "
-            "run `scripts/slurm-testbed down` first"
+            f"run `scripts/slurm-testbed --dir {TESTBED_DIR} down` first"
         )
     seen = bed.on_node("node1", f"test -x {sys.executable} && echo visible", check=False).stdout
     if "visible" not in seen:
         require(
             f"the running test bed does not share {REPO} with its nodes: run "
-            "`scripts/slurm-testbed down` (the tests bring it up with --share)"
+            f"`scripts/slurm-testbed --dir {TESTBED_DIR} down` (the tests bring it up with --share)"
         )
     # in-process code (load_allocation, the provider) runs scontrol with os.environ
     previous = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
