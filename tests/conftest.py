@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from lanes import LANE_VARIABLE, current_lane, in_lane
-from testbed_support import REPO, TESTBED, Testbed, require
+from testbed_support import REPO, TESTBED, Testbed, require, up_options
 
 TESTBED_DIR = os.environ.get("ERAY_TESTBED_DIR", "/tmp/eray-testbed")
 #: the bed's place beside others on this machine (``slurm-testbed up --net``): a lane's own
@@ -60,12 +60,8 @@ def testbed() -> Iterator[Testbed]:
     started = False
     slurm = os.environ.get("ERAY_TESTBED_SLURM", "22.05")  # or 25.11 (`make test`)
     if status.returncode != 0:
-        # the checkout (and its .venv) must be visible on the nodes, as on a shared file system;
-        # the newest Slurm runs pyxis and enroot, as container sites do
-        containers = ["--containers"] if slurm == "25.11" else []
-        argv = [str(TESTBED), "--dir", TESTBED_DIR, "up", "--net", TESTBED_NET, "--share", str(REPO)]
         up = subprocess.run(
-            [*argv, "--slurm", slurm, *containers],
+            [str(TESTBED), "--dir", TESTBED_DIR, "up", *up_options(TESTBED_NET, slurm)],
             capture_output=True,
             text=True,
             timeout=1200,

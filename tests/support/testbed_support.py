@@ -21,6 +21,14 @@ TESTBED = REPO / "scripts" / "slurm-testbed"
 IN_CI = os.environ.get("CI") == "true"
 
 
+def up_options(net: str | int, slurm: str) -> list[str]:
+    """``slurm-testbed up``'s options for the tests' beds (the session fixture's and
+    ``scripts/live-lanes``'): the checkout (and its .venv) visible on the nodes, as on a shared
+    file system; the newest Slurm with pyxis and enroot, as container sites run it."""
+    containers = ["--containers"] if slurm == "25.11" else []
+    return ["--net", str(net), "--share", str(REPO), "--slurm", slurm, *containers]
+
+
 def require(reason: str) -> None:
     """Skip an integration test that cannot run here, but fail it under CI=true."""
     if IN_CI:
