@@ -103,11 +103,31 @@ def _exports(cmd: str) -> list[tuple[str, str]]:
     return out
 
 
+#: Run first by a copy to or from the node: a ``~`` path is taken from the cluster's HOME,
+#: entered here. Of a cluster torn down (a `ray down` that ran while `ray up` was copying)
+#: the HOME is gone: the copy fails instead of making it again (`mkdir -p "$HOME/..."`
+#: would), and one already inside it fails at its first write (a removed directory takes
+#: no new entries).
+_IN_HOME = 'cd "$HOME" || exit 3; '
+
+
 def _remote_path(path: str) -> str:
-    """``~/x`` -> ``"$HOME"/x`` for the node's shell; anything else quoted as is."""
+    """``path`` for the node's shell, run after ``_IN_HOME``: ``~/x`` -> ``./x`` (relative
+    to the cluster's HOME, never naming it); anything else quoted as is."""
     if path == "~" or path.startswith("~/"):
-        return '"$HOME"' + shlex.quote(path[1:]) if len(path) > 1 else '"$HOME"'
+        return "." + shlex.quote(path[1:]) if len(path) > 1 else "."
     return shlex.quote(path)
+
+
+def unpack_command(target: str, is_dir: bool) -> str:
+    """The node's side of ``run_rsync_up``: stdin (a tar of a directory, or a file's
+    bytes) written to ``target``."""
+    dest = _remote_path(target.rstrip("/") if len(target) > 1 else target)
+    if is_dir:
+        return _IN_HOME + f"mkdir -p {dest} && tar -C {dest} -xf -"
+    # write then rename: a reader (the head's monitor, a racing `ray up`) never sees a
+    # half-written file
+    return _IN_HOME + f'mkdir -p "$(dirname {dest})" && cat > {dest}.eray-$$ && mv -f {dest}.eray-$$ {dest}'
 
 
 class SrunCommandRunner(CommandRunnerInterface):
@@ -212,24 +232,25 @@ class SrunCommandRunner(CommandRunnerInterface):
 
     def run_rsync_up(self, source: str, target: str, options: dict[str, Any] | None = None) -> None:
         """Copy a local file or directory to the node through srun's stdin (no rsync, no ssh)."""
+        # nothing is copied into a cluster being torn down (`ray down` ran while `ray up`
+        # was setting up its head): the copy would bring back the state dir it removed
+        self.state.check_launchable("copied")
         src = os.path.expanduser(source)
-        dest = _remote_path(target.rstrip("/") if len(target) > 1 else target)
-        if os.path.isdir(src):
-            pack = ["tar", "-C", src, "-cf", "-", "."]
-            unpack = f"mkdir -p {dest} && tar -C {dest} -xf -"
-        else:
-            pack = ["cat", src]
-            # write then rename: a reader (the head's monitor, a racing `ray up`) never sees
-            # a half-written file
-            unpack = f'mkdir -p "$(dirname {dest})" && cat > {dest}.eray-$$ && mv -f {dest}.eray-$$ {dest}'
-        self._pipe(pack, self._argv(self._shell(unpack, None)), f"copy {source} to {target}")
+        is_dir = os.path.isdir(src)
+        pack = ["tar", "-C", src, "-cf", "-", "."] if is_dir else ["cat", src]
+        unpack = unpack_command(target, is_dir)
+        try:
+            self._pipe(pack, self._argv(self._shell(unpack, None)), f"copy {source} to {target}")
+        except Exception:
+            self.state.check_launchable("copied")  # torn down while copying: say that
+            raise
 
     def run_rsync_down(self, source: str, target: str, options: dict[str, Any] | None = None) -> None:
         """Copy a file or directory from the node to a local path."""
         src = _remote_path(source.rstrip("/") if len(source) > 1 else source)
         dest = os.path.expanduser(target)
-        pack = f"if [ -d {src} ]; then tar -C {src} -cf - .; else cat {src}; fi"
-        probe = self._argv(self._shell(f"test -d {src}", None))
+        pack = _IN_HOME + f"if [ -d {src} ]; then tar -C {src} -cf - .; else cat {src}; fi"
+        probe = self._argv(self._shell(_IN_HOME + f"test -d {src}", None))
         is_dir = subprocess.run(probe, env=self._env(), stdin=subprocess.DEVNULL).returncode == 0
         if is_dir:
             os.makedirs(dest, exist_ok=True)

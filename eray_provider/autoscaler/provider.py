@@ -32,6 +32,7 @@ from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
     NODE_KIND_WORKER,
     STATUS_UP_TO_DATE,
+    STATUS_UPDATE_FAILED,
     TAG_RAY_NODE_KIND,
     TAG_RAY_NODE_NAME,
     TAG_RAY_NODE_STATUS,
@@ -358,7 +359,16 @@ class SlurmNodeProvider(NodeProvider):
         return self.internal_ip(node_id)
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
-        self.state.set_tags(node_id, tags)
+        """Ray's tags of a node, recorded. Of a cluster torn down meanwhile (a `ray down`
+        while `ray up` set up the head) ``ClusterStoppingError``, which ends Ray's updater;
+        only the failure tag its updater then sets is dropped with a warning: the error
+        that failed it was reported, and a second traceback would hide it."""
+        try:
+            self.state.set_tags(node_id, tags)
+        except ClusterStoppingError as e:
+            if tags.get(TAG_RAY_NODE_STATUS) != STATUS_UPDATE_FAILED:
+                raise
+            cli_logger.warning(str(e))
         self._drop_views()
 
     # ------------------------------------------------------------------ create / terminate

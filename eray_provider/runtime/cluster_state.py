@@ -386,15 +386,15 @@ class ClusterState:
     def stopping(self) -> bool:
         return bool(self.read().get("stopping"))
 
-    def check_launchable(self) -> None:
+    def check_launchable(self, what: str = "launched") -> None:
         """Raise ``ClusterStoppingError`` when the cluster is being stopped; call it
-        under the lock, just before a launch."""
+        under the lock, just before a launch (``what``: the error's word for it)."""
         if not self.exists():
-            raise self._gone("launched")
+            raise self._gone(what)
         if self.stopping():
             raise ClusterStoppingError(
                 f"cluster {self.cluster_name!r} of job {self.job_id} is being stopped (`ray down` "
-                f"began): nothing is launched; if no teardown runs any more, run `ray down` again "
+                f"began): nothing is {what}; if no teardown runs any more, run `ray down` again "
                 f"(state: {self.dir})"
             )
 

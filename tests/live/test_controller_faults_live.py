@@ -112,36 +112,54 @@ def cluster_records(cluster: Cluster) -> list[dict]:
 
 def test_ray_down_while_workers_launch_leaves_no_step(testbed, job, tmp_path, faults) -> None:
     cluster = faulty_cluster(testbed, job, tmp_path, "racing", faults)
-    # the workers' srun (started by the head's autoscaler) reaches the controller 10 s late:
-    # `ray down` runs while it is in flight, before squeue can list its step
+    # the workers' srun (started with the head) reaches the controller 10 s late: `ray
+    # down` runs while it is in flight, before squeue can list its step
     faults.hang("srun", times=1, seconds=10, then="real", match="workers")
-    up = subprocess.Popen(
-        ["ray", "up", "-y", str(cluster.config)],
-        env=cluster.env,
-        cwd=str(REPO),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # and `ray up`'s copy of its config to the head (after the workers' launch) is held
+    # until `ray down` has ended: the copy must not bring back the state dir it removed
+    down_ended = tmp_path / "down-ended"
+    faults.hang("srun", times=1, seconds=300, then="real", match="ray_bootstrap_config", until=down_ended)
+    up_out = tmp_path / "up.out"
+    with up_out.open("wb") as out:
+        up = subprocess.Popen(
+            ["ray", "up", "-y", str(cluster.config)],
+            env=cluster.env,
+            cwd=str(REPO),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def launched() -> list:
+        return [c for c in faults.faulted("srun") if "workers" in " ".join(c.argv)]
+
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not faults.faulted("srun"):
-            assert up.poll() in (None, 0), "ray up failed"
+        while time.monotonic() < deadline and not launched():
+            assert up.poll() in (None, 0), "ray up failed: " + up_out.read_text()[-3000:]
             time.sleep(0.2)
-        assert faults.faulted("srun"), "the workers were never launched"
+        assert launched(), "the workers were never launched"
         down = cluster.down(check=False)
         assert down.returncode == 0, down.stdout + down.stderr
+        down_ended.touch()
         # until the late srun has ended (killed with the head's step, or run and cancelled):
         # its step, if it ever ran, is listed by then
-        (late,) = faults.faulted("srun")
+        (late,) = launched()
         deadline = time.monotonic() + 60
         while Path(f"/proc/{late.pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not Path(f"/proc/{late.pid}").exists(), "the late srun is still running"
+        # `ray up` fails, and says why: its cluster was torn down under it
+        assert up.wait(timeout=300) != 0, up_out.read_text()[-3000:]
+        said = up_out.read_text()
+        assert "has been torn down" in said or "is being stopped" in said, said[-3000:]
         assert our_steps(testbed, job, "racing") == []
         assert wait_gone(job, "racing") == []
-        assert state_left(cluster.state_dir) == []
+        assert state_left(cluster.state_dir) == [], up_out.read_text()[-3000:]
     finally:
-        up.wait(timeout=300)
+        down_ended.touch()
+        if up.poll() is None:
+            up.kill()
+        up.wait(timeout=60)
         faults.clear()
         cluster.down(check=False)
 

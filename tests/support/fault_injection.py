@@ -121,6 +121,8 @@ for __fi_dir in "$__fi_ctl/rules/$__fi_cmd"/*; do
         case "$__fi_args" in *"$__fi_match"*) ;; *) continue ;; esac
     fi
     read -r __fi_action __fi_rc __fi_secs __fi_then < "$__fi_dir/params"
+    __fi_until=
+    [ -f "$__fi_dir/until" ] && IFS= read -r __fi_until < "$__fi_dir/until"
     IFS= read -r -d '' __fi_out < "$__fi_dir/stdout"
     IFS= read -r -d '' __fi_err < "$__fi_dir/stderr"
     if [ "$__fi_left" != inf ]; then
@@ -152,7 +154,18 @@ case $__fi_action in
         exit "$__fi_rc"
         ;;
     hang)
-        "$__fi_sleep" "$__fi_secs" < /dev/null > /dev/null 2>&1 &
+        if [ -n "$__fi_until" ]; then
+            # until that path exists, at most the seconds
+            (
+                __fi_n=$(((${__fi_secs%.*} + 1) * 10))
+                while [ ! -e "$__fi_until" ] && [ "$__fi_n" -gt 0 ]; do
+                    "$__fi_sleep" 0.1
+                    __fi_n=$((__fi_n - 1))
+                done
+            ) < /dev/null > /dev/null 2>&1 &
+        else
+            "$__fi_sleep" "$__fi_secs" < /dev/null > /dev/null 2>&1 &
+        fi
         __fi_sp=$!
         trap 'kill "$__fi_sp" 2>/dev/null; exit 143' TERM INT HUP
         wait "$__fi_sp"
@@ -302,16 +315,30 @@ class FaultyCommands:
         rc: int = 1,
         stdout: str = "",
         match: str | None = None,
+        until: Path | None = None,
     ) -> str:
         """The next ``times`` calls (None: every call) sleep ``seconds`` first, then fail as
         :meth:`fail` does (``then="fail"``) or run the real command (``then="real"``, an
-        answer that comes late). Returns the rule's id."""
+        answer that comes late). With ``until``, the sleep ends early once that path
+        exists (a test holds a call until it has done something else: an event, not a
+        time). Returns the rule's id."""
         if then not in ("fail", "real"):
             raise ValueError(f"then must be 'fail' or 'real', not {then!r}")
         if not seconds >= 0:
             raise ValueError(f"seconds must be >= 0, not {seconds!r}")
+        if until is not None and "\n" in str(until):
+            raise ValueError(f"until must be a single-line path, not {str(until)!r}")
         return self._arm(
-            cmd, "hang", times, rc=rc, seconds=seconds, then=then, stdout=stdout, stderr=stderr, match=match
+            cmd,
+            "hang",
+            times,
+            rc=rc,
+            seconds=seconds,
+            then=then,
+            stdout=stdout,
+            stderr=stderr,
+            match=match,
+            until=until,
         )
 
     def remaining(self, rule: str) -> int | None:
@@ -417,6 +444,7 @@ class FaultyCommands:
         stdout: str,
         stderr: str,
         match: str | None,
+        until: Path | None = None,
     ) -> str:
         self._check(cmd)
         if times is not None and (isinstance(times, bool) or times < 1):
@@ -441,6 +469,8 @@ class FaultyCommands:
             (tmp / "stderr").write_text(stderr)
             if match is not None:
                 (tmp / "match").write_text(match + "\n")
+            if until is not None:
+                (tmp / "until").write_text(f"{Path(until).absolute()}\n")
             (rules / cmd).mkdir(exist_ok=True)
             tmp.rename(rules / cmd / rule)
         return rule

@@ -121,6 +121,31 @@ def test_hang_then_real_answers_late(fc: FaultyCommands) -> None:
     assert time.monotonic() - t0 < 0.4
 
 
+def test_a_hang_until_a_path_is_held_until_it_exists(fc: FaultyCommands, tmp_path: Path) -> None:
+    flag = tmp_path / "go"
+    fc.hang("squeue", seconds=60, then="real", until=flag)
+    proc = subprocess.Popen(
+        ["squeue", "held"],
+        env=fc.env({"PATH": f"{fake_dir_of(fc)}:/usr/bin:/bin"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    fc.wait_calls("squeue", 1, timeout=5, faulted=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)  # held while the path is missing
+    flag.touch()
+    out, _ = proc.communicate(timeout=5)  # let go within a tick, not after 60 s
+    assert proc.returncode == 0 and "args=held" in out
+    [call] = fc.faulted("squeue")
+    assert call.action == "hang-real"
+    # a missing path holds a call no longer than the seconds
+    fc.hang("squeue", seconds=0.3, then="real", until=tmp_path / "never")
+    t0 = time.monotonic()
+    assert run(fc, "squeue").returncode == 0
+    assert 0.3 <= time.monotonic() - t0 < 5
+
+
 def test_hang_then_fail(fc: FaultyCommands) -> None:
     fc.hang("squeue", seconds=0.2, rc=2, stderr="timed out")
     t0 = time.monotonic()

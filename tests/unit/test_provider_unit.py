@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from eray_provider.autoscaler.command_runner import _exports, _remote_path, split_ray_stop
+from eray_provider.autoscaler.command_runner import _exports, _remote_path, split_ray_stop, unpack_command
 from eray_provider.plan.cluster_config import LAUNCH_HEAD, fill_config, gone_config
 from eray_provider.plan.node_spec import HEAD_TYPE, StartSpec, memory_split, start_env, worker_types
 from eray_provider.plan.ports import choose_plan
 from eray_provider.plan.provider_config import ClusterConfigError, Filled
 from eray_provider.slurm.allocation import Allocation, NodeShare
-from eray_provider.slurm.srun import clean_env, srun_argv
+from eray_provider.slurm.srun import bash_command, clean_env, srun_argv
 
 ALLOC = Allocation(
     "77",
@@ -158,9 +161,47 @@ def test_srun_lines_and_environment() -> None:
 def test_runner_helpers() -> None:
     cmd = "export RAY_HEAD_IP=10.0.0.5; export RAY_CLOUD_INSTANCE_ID='g1.1'; eray-provider-launch-head"
     assert dict(_exports(cmd)) == {"RAY_HEAD_IP": "10.0.0.5", "RAY_CLOUD_INSTANCE_ID": "g1.1"}
-    assert _remote_path("~/ray_bootstrap_config.yaml") == '"$HOME"/ray_bootstrap_config.yaml'
-    assert _remote_path("~") == '"$HOME"'
+    assert _remote_path("~/ray_bootstrap_config.yaml") == "./ray_bootstrap_config.yaml"
+    assert _remote_path("~/a b") == ".'/a b'"
+    assert _remote_path("~") == "."
     assert _remote_path("/a b") == "'/a b'"
+
+
+@pytest.mark.parametrize(
+    ("target", "is_dir"),
+    [("~/ray_bootstrap_config.yaml", False), ("~/sub/f", False), ("~/d", True), ("~", True)],
+)
+def test_a_copy_to_a_cluster_whose_home_is_gone_fails_and_makes_nothing(tmp_path, target, is_dir) -> None:
+    """A `ray up` that copies after a racing `ray down` removed the cluster's state: the
+    copy's node side (run here by bash, as srun runs it) fails and makes no HOME again;
+    into a HOME that is there it writes the file or tree."""
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "x").write_text("tree")
+    data = subprocess.run(
+        ["tar", "-C", str(payload), "-cf", "-", "."], capture_output=True, check=True
+    ).stdout
+    stdin = data if is_dir else b"config"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    gone = tmp_path / "state" / "home"
+
+    def unpack(home: Path) -> subprocess.CompletedProcess[bytes]:
+        argv = bash_command(unpack_command(target, is_dir))
+        env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+        return subprocess.run(argv, input=stdin, env=env, cwd=cwd, capture_output=True)
+
+    assert unpack(gone).returncode != 0
+    assert not (tmp_path / "state").exists() and list(cwd.iterdir()) == []
+    home = tmp_path / "home"
+    home.mkdir()
+    assert unpack(home).returncode == 0
+    written = home / target[2:] if target != "~" else home
+    if is_dir:
+        assert (written / "x").read_text() == "tree"
+    else:
+        assert written.read_bytes() == b"config"
+    assert list(cwd.iterdir()) == []
 
 
 @pytest.mark.parametrize(
