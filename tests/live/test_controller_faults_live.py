@@ -216,4 +216,4 @@ def test_two_elastic_ray_ups_submit_one_head_job(testbed, tmp_path, faults) -> N
                 up.kill()
         faults.clear()
         cluster.down(check=False)
-    assert cluster.jobs() == {}
+    assert cluster.wait_jobs(lambda j: not j, timeout=120, what="no job of the cluster") == {}

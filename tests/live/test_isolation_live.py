@@ -7,6 +7,7 @@ import shlex
 import stat
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from ray_cluster_support import Cluster, cluster_pids, state_left, wait_gone
@@ -18,6 +19,20 @@ WORK = (
     "import ray; ray.init(); "
     "print('SUM', sum(ray.get([ray.remote(lambda x: x * x).remote(i) for i in range(20)])))"
 )
+
+
+def ray_daemons(job_id: str, cluster: str) -> set[int]:
+    """The cluster's raylets and GCS: processes that live as long as it does (its other
+    processes come and go: Ray's workers, the autoscaler's squeue calls)."""
+    daemons = set()
+    for pid in cluster_pids(job_id, cluster):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in ("raylet", "gcs_server"):
+            daemons.add(pid)
+    return daemons
 
 
 def job(testbed: Testbed) -> str:
@@ -82,7 +97,8 @@ def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_p
         assert complaints.strip() == "", complaints
 
         # ray down of A leaves B's processes untouched, and the reverse
-        pids_b = set(cluster_pids(job_b, "shared"))
+        pids_b = ray_daemons(job_b, "shared")
+        assert len(pids_b) == 4, pids_b  # a raylet on each of the 3 nodes, one GCS
         a.down()
         assert wait_gone(job_a, "shared") == []
         assert pids_b <= set(cluster_pids(job_b, "shared"))
@@ -91,7 +107,8 @@ def test_two_clusters_share_nodes_and_stop_independently(testbed: Testbed, tmp_p
 
         a.up()
         a.wait_nodes(3)
-        pids_a = set(cluster_pids(job_a, "shared"))
+        pids_a = ray_daemons(job_a, "shared")
+        assert len(pids_a) == 4, pids_a
         b.down()
         assert wait_gone(job_b, "shared") == []
         assert pids_a <= set(cluster_pids(job_a, "shared"))

@@ -121,11 +121,14 @@ def test_status_and_logs_of_live_ended_and_torn_down_clusters(testbed: Testbed, 
         # sc: a worker's raylet dies, then the job is cancelled
         dead_c, pid_c = _kill_raylet(testbed, sc)
         testbed.cancel(sc.job_id)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # KillWait (30 s) and the nodes' teardown, on a loaded bed
         while (
             time.monotonic() < deadline and testbed.run(["squeue", "-h", "-j", sc.job_id], check=False).stdout
         ):
             time.sleep(1)
+        assert not testbed.run(["squeue", "-h", "-j", sc.job_id], check=False).stdout, (
+            "sc's job is still listed"
+        )
 
         table = _eray(testbed, sa, "status").stdout
         rows = {

@@ -151,7 +151,9 @@ def test_scancel_kills_daemonized_process(testbed: Testbed, allocation: str) -> 
 
 
 def _pids_named(tag: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
+    """The processes whose argv[0] is ``tag`` (``exec -a``): not the srun client or the
+    shell whose command lines hold it too (they would make the start seen before it is)."""
+    out = subprocess.run(["pgrep", "-f", f"^{tag}( |$)"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
 
