@@ -360,7 +360,9 @@ def test_an_elastic_cluster_in_the_image_runs_its_worker_jobs_there_and_leaves_n
         testbed,
         tmp_path,
         "elcont",
-        idle_timeout_minutes=0.5,
+        # the worker is idle from its work's end: its job must outlast the checks and the
+        # drain below on a loaded bed before the autoscaler cancels it
+        idle_timeout_minutes=1.0,
         provider={"container": {"image": image}},
     )
     data = "ls /tmp/enroot-0/data 2>/dev/null || true"
