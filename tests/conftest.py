@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_injection import FaultyCommands
 from lanes import LANE_VARIABLE, current_lane, in_lane
 from testbed_support import REPO, TESTBED, Testbed, require, up_options
 
@@ -96,19 +93,6 @@ def testbed() -> Iterator[Testbed]:
             os.environ[k] = v
     if started:
         subprocess.run([str(TESTBED), "--dir", TESTBED_DIR, "down"], timeout=120)
-
-
-@pytest.fixture
-def faults() -> Iterator[FaultyCommands]:
-    """SLURM commands a test makes fail or answer late (``fault_injection``; a process sees
-    them with ``faults.env(...)``). Under the checkout, which the test bed's nodes share
-    (their /tmp is private): the head's autoscaler and the srun clients on the nodes see the
-    same wrappers and rules as the test."""
-    root = REPO / ".test-output" / f"faults-{uuid.uuid4().hex[:8]}"
-    fc = FaultyCommands(root)
-    fc.install()
-    yield fc
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ head started, and a controller that stays down is a clear error.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,17 @@ from testbed_support import REPO, Testbed
 pytestmark = [pytest.mark.slurm, pytest.mark.ray]
 
 SOCKET_TIMEOUT = "slurm_load_jobs error: Socket timed out on send/recv operation"
+
+
+@pytest.fixture
+def faults():
+    # under the checkout, which the test bed's nodes share (their /tmp is private), so the
+    # head's autoscaler and the srun clients on the nodes see the same wrappers and rules
+    root = REPO / ".test-output" / f"faults-{uuid.uuid4().hex[:8]}"
+    fc = FaultyCommands(root)
+    fc.install()
+    yield fc
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
